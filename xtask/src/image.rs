@@ -1,0 +1,235 @@
+//! Local OCI images, built without a registry.
+//!
+//! Each image is one uncompressed layer holding Debian's static busybox (with
+//! its applet links) and the static helper programs of `deploy/image-tools`,
+//! written as an OCI image layout in a tar archive that `ctr images import`
+//! accepts. Everything is deterministic (mtime 0, root owner), so the digest
+//! only changes when an input does.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+use crate::{paths, sh};
+
+/// Name of the sandbox (pause) image; the node's CRI config points at it.
+pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
+/// Name of the workload image used by examples and tests.
+pub const TEST_IMAGE: &str = "evlet.local/test:v1";
+
+const BUSYBOX: &str = "/bin/busybox";
+const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// An image to build.
+#[derive(Debug)]
+struct Spec {
+    name: &'static str,
+    file: &'static str,
+    entrypoint: &'static [&'static str],
+    cmd: &'static [&'static str],
+}
+
+const IMAGES: [Spec; 2] = [
+    Spec {
+        name: PAUSE_IMAGE,
+        file: "pause.oci.tar",
+        entrypoint: &["/pause"],
+        cmd: &[],
+    },
+    Spec {
+        name: TEST_IMAGE,
+        file: "test.oci.tar",
+        entrypoint: &[],
+        cmd: &["/bin/sh"],
+    },
+];
+
+/// Builds every image archive (if its inputs changed) and returns `(name, path)` pairs.
+pub fn build_all() -> Result<Vec<(&'static str, PathBuf)>> {
+    if !Path::new(BUSYBOX).is_file() {
+        bail!("{BUSYBOX} is missing (Debian package busybox-static): run `cargo xtask setup`");
+    }
+    let tools = build_tools()?;
+    let dir = paths::tools().join("images");
+    fs::create_dir_all(&dir)?;
+    let layer = layer(&tools)?;
+    let mut out = Vec::new();
+    for spec in &IMAGES {
+        let path = dir.join(spec.file);
+        write_layout(spec, &layer, &path)?;
+        out.push((spec.name, path));
+    }
+    Ok(out)
+}
+
+/// Builds `pause` and `memhog` as static binaries.
+fn build_tools() -> Result<PathBuf> {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(paths::repo())
+        .env(
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+            "-C target-feature=+crt-static",
+        )
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "--package",
+            "evlet-image-tools",
+            "--target",
+            STATIC_TARGET,
+        ]);
+    sh::run(&mut cmd).context("cannot build the image helper programs")?;
+    Ok(paths::repo()
+        .join("target")
+        .join(STATIC_TARGET)
+        .join("release"))
+}
+
+/// The root filesystem layer as an uncompressed tar.
+fn layer(tools: &Path) -> Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.mode(tar::HeaderMode::Deterministic);
+    for dir in [
+        "bin", "dev", "etc", "proc", "sys", "tmp", "root", "var", "usr", "usr/bin", "usr/sbin",
+        "sbin",
+    ] {
+        let mut h = header(
+            tar::EntryType::Directory,
+            if dir == "tmp" { 0o1777 } else { 0o755 },
+        );
+        tar.append_data(&mut h, dir, std::io::empty())?;
+    }
+    let busybox = fs::read(BUSYBOX).with_context(|| format!("cannot read {BUSYBOX}"))?;
+    append_file(&mut tar, "bin/busybox", &busybox, 0o755)?;
+    let applets = sh::output(Command::new(BUSYBOX).arg("--list-full"))?;
+    for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
+        if applet == "bin/busybox" {
+            continue;
+        }
+        let mut h = header(tar::EntryType::Symlink, 0o777);
+        tar.append_link(&mut h, applet, "/bin/busybox")?;
+    }
+    for (program, dest) in [("pause", "pause"), ("memhog", "bin/memhog")] {
+        let bytes = fs::read(tools.join(program))
+            .with_context(|| format!("cannot read the built {program}"))?;
+        append_file(&mut tar, dest, &bytes, 0o755)?;
+    }
+    append_file(
+        &mut tar,
+        "etc/passwd",
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+        0o644,
+    )?;
+    append_file(
+        &mut tar,
+        "etc/group",
+        b"root:x:0:\nnogroup:x:65534:\n",
+        0o644,
+    )?;
+    Ok(tar.into_inner()?)
+}
+
+fn header(kind: tar::EntryType, mode: u32) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(0);
+    h
+}
+
+fn append_file(tar: &mut tar::Builder<Vec<u8>>, path: &str, bytes: &[u8], mode: u32) -> Result<()> {
+    let mut h = header(tar::EntryType::Regular, mode);
+    h.set_size(bytes.len() as u64);
+    tar.append_data(&mut h, path, bytes)?;
+    Ok(())
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Writes an OCI image layout (as a tar) holding one image with one layer.
+fn write_layout(spec: &Spec, layer: &[u8], path: &Path) -> Result<()> {
+    let layer_digest = sha256(layer);
+    let mut config = json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "WorkingDir": "/",
+        },
+        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
+        "history": [{ "created_by": "cargo xtask (evlet local image)" }],
+    });
+    if !spec.entrypoint.is_empty() {
+        config["config"]["Entrypoint"] = json!(spec.entrypoint);
+    }
+    if !spec.cmd.is_empty() {
+        config["config"]["Cmd"] = json!(spec.cmd);
+    }
+    let config = serde_json::to_vec(&config)?;
+    let config_digest = sha256(&config);
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{config_digest}"),
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar",
+            "digest": format!("sha256:{layer_digest}"),
+            "size": layer.len(),
+        }],
+    }))?;
+    let manifest_digest = sha256(&manifest);
+    let tag = spec
+        .name
+        .rsplit_once(':')
+        .map(|(_, t)| t)
+        .unwrap_or("latest");
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": format!("sha256:{manifest_digest}"),
+            "size": manifest.len(),
+            "platform": { "architecture": "amd64", "os": "linux" },
+            "annotations": {
+                "io.containerd.image.name": spec.name,
+                "org.opencontainers.image.ref.name": tag,
+            },
+        }],
+    }))?;
+
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.mode(tar::HeaderMode::Deterministic);
+    append_file(
+        &mut tar,
+        "oci-layout",
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+        0o644,
+    )?;
+    append_file(&mut tar, "index.json", &index, 0o644)?;
+    for (digest, bytes) in [
+        (&layer_digest, layer),
+        (&config_digest, &config[..]),
+        (&manifest_digest, &manifest[..]),
+    ] {
+        append_file(&mut tar, &format!("blobs/sha256/{digest}"), bytes, 0o644)?;
+    }
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, tar.into_inner()?)?;
+    fs::rename(&tmp, path)?;
+    Ok(())
+}

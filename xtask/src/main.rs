@@ -1,0 +1,90 @@
+//! `cargo xtask`: evlet's single developer entry point.
+//!
+//! * `setup`: install packages and toolchain pieces (idempotent)
+//! * `node up|down|status [--containerd 1.6|1.7|2.1]`: a private containerd
+//! * `images`: build the local OCI images
+//! * `run`: setup, node up, and evlet with the example static pods
+//! * `test`: setup, fmt, clippy, unit tests, privileged node and kernel tests
+
+mod apt;
+mod containerd;
+mod image;
+mod node;
+mod paths;
+mod run;
+mod setup;
+mod sh;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use crate::containerd::Version;
+use crate::node::Node;
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "evlet developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install Debian packages, rust-src, bpf-linker; mount tracefs. Idempotent.
+    Setup,
+    /// Manage the private containerd node.
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
+        /// containerd line: 1.6 (system), 1.7 (trixie) or 2.1 (sid).
+        #[arg(long, default_value = "1.6", global = true)]
+        containerd: Version,
+    },
+    /// Build the local pause and test images (OCI archives under .tools/images).
+    Images,
+    /// Set up, bring the node up, and run evlet with deploy/examples.
+    Run {
+        /// containerd line for the node.
+        #[arg(long, default_value = "1.6")]
+        containerd: Version,
+        /// Extra arguments passed to evlet.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Set up and run every check and test.
+    Test(test::Options),
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeAction {
+    /// Start the node (idempotent) and import the local images.
+    Up,
+    /// Stop the node and remove everything it owns.
+    Down,
+    /// Print whether the node is up and what it holds.
+    Status,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Task::Setup => setup::setup(),
+        Task::Node { action, containerd } => {
+            let node = Node::new(containerd);
+            match action {
+                NodeAction::Up => node.up(),
+                NodeAction::Down => node.down(),
+                NodeAction::Status => node.status(),
+            }
+        }
+        Task::Images => {
+            for (name, path) in image::build_all()? {
+                println!("{name}\t{}", path.display());
+            }
+            Ok(())
+        }
+        Task::Run { containerd, args } => run::run(containerd, &args),
+        Task::Test(options) => test::test(&options),
+    }
+}

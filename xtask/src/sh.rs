@@ -1,0 +1,69 @@
+//! Running external programs with errors that say what ran and how it failed.
+
+use std::ffi::OsStr;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, Result, bail};
+
+/// Renders a command line the way a user would type it.
+pub fn display(cmd: &Command) -> String {
+    let mut out = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        out.push(' ');
+        out.push_str(&shell_quote(arg));
+    }
+    out
+}
+
+fn shell_quote(arg: &OsStr) -> String {
+    let s = arg.to_string_lossy();
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
+        s.into_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// Runs `cmd` with inherited stdio, echoing it first.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let line = display(cmd);
+    eprintln!("$ {line}");
+    let status = cmd.status().with_context(|| {
+        format!("cannot start `{line}` (is it installed? run `cargo xtask setup`)")
+    })?;
+    if !status.success() {
+        bail!("`{line}` failed: {status}");
+    }
+    Ok(())
+}
+
+/// Runs `cmd` quietly and returns its stdout; on failure the error carries stderr.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let line = display(cmd);
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| {
+        format!("cannot start `{line}` (is it installed? run `cargo xtask setup`)")
+    })?;
+    if !out.status.success() {
+        bail!(
+            "`{line}` failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("`{line}` printed non-UTF-8 output"))
+}
+
+/// Fails with a message naming `what` unless the process runs as root.
+pub fn require_root(what: &str) -> Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "`cargo xtask {what}` needs root (it installs packages, mounts tracefs and runs \
+             containerd): re-run it as root, e.g. `sudo -E env PATH=$PATH cargo xtask {what}`"
+        );
+    }
+    Ok(())
+}
