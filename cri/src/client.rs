@@ -1,0 +1,819 @@
+//! [`RuntimeClient`]: the CRI v1 `RuntimeService` and `ImageService` over a Unix socket.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::transport::{Channel, Endpoint, Uri};
+use tracing::Instrument as _;
+
+use crate::api;
+use crate::api::image_service_client::ImageServiceClient;
+use crate::api::runtime_service_client::RuntimeServiceClient;
+use crate::error::{Error, ErrorKind};
+use crate::filter::{ContainerFilter, SandboxFilter};
+use crate::ids::{ContainerId, SandboxId};
+
+/// Deadlines and retry budget of a [`RuntimeClient`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Deadline of mutating calls and image pulls; upstream kubelet's
+    /// `runtimeRequestTimeout` default (2 min).
+    pub request_timeout: Duration,
+    /// Deadline of read-only calls (status, list, version, stats). Shorter, so a
+    /// hung runtime is noticed well before the PLEG health threshold (3 min).
+    pub status_timeout: Duration,
+    /// Tries of a read-only call that failed with `Unavailable` (e.g. while the
+    /// runtime restarts).
+    pub read_attempts: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(120),
+            status_timeout: Duration::from_secs(15),
+            read_attempts: 4,
+        }
+    }
+}
+
+/// Result of [`RuntimeClient::exec_sync`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Captured standard output.
+    pub stdout: Vec<u8>,
+    /// Captured standard error.
+    pub stderr: Vec<u8>,
+    /// The command's exit code.
+    pub exit_code: i32,
+}
+
+/// A stream of CRI container events (`GetContainerEvents`).
+pub type EventStream =
+    Pin<Box<dyn Stream<Item = Result<api::ContainerEventResponse, Error>> + Send>>;
+
+/// A cheap-to-clone handle on one CRI endpoint.
+///
+/// The connection is made lazily and re-made transparently after the runtime
+/// restarts: the first call after a restart may see `Unavailable`, which read-only
+/// calls retry within their deadline. Every call runs in a `cri` tracing span.
+///
+/// # Cancel safety
+/// Dropping a call's future abandons the request; the runtime may still carry it out.
+#[derive(Debug, Clone)]
+pub struct RuntimeClient {
+    runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+    options: Options,
+    socket: Arc<PathBuf>,
+}
+
+/// One RPC's name, object (for errors and spans), deadline and retry rule.
+#[derive(Debug, Clone, Copy)]
+struct Call<'a> {
+    name: &'static str,
+    object: Option<&'a str>,
+    timeout: Duration,
+    idempotent: Idempotent,
+}
+
+/// Whether a call may be repeated after `Unavailable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idempotent {
+    Yes,
+    No,
+}
+
+impl RuntimeClient {
+    /// A client for `endpoint` (`unix:///path/to.sock` or a plain path). Does no IO.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if the endpoint is not a Unix socket.
+    pub fn connect(endpoint: &str, options: Options) -> Result<Self, Error> {
+        let path = match endpoint.strip_prefix("unix://") {
+            Some(path) => path,
+            None if endpoint.starts_with('/') => endpoint,
+            None => {
+                return Err(Error {
+                    call: "connect",
+                    object: Some(endpoint.to_owned()),
+                    kind: ErrorKind::InvalidArgument,
+                    message: "only unix:// endpoints are supported".into(),
+                });
+            }
+        };
+        let socket = Arc::new(PathBuf::from(path));
+        let connector_socket = Arc::clone(&socket);
+        // The URI is required by tonic but unused: every connection dials the socket.
+        let channel = Endpoint::from_static("http://localhost")
+            .connect_timeout(Duration::from_secs(5))
+            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                let socket = Arc::clone(&connector_socket);
+                async move { UnixStream::connect(&*socket).await.map(TokioIo::new) }
+            }));
+        Ok(Self {
+            runtime: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20),
+            images: ImageServiceClient::new(channel).max_decoding_message_size(64 << 20),
+            options,
+            socket,
+        })
+    }
+
+    /// The socket this client dials.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
+    /// The options this client was made with.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Runs one RPC with a deadline, a span, and (for idempotent calls) retries on `Unavailable`.
+    async fn call<C, Req, Resp, F, Fut>(
+        &self,
+        client: &C,
+        call: Call<'_>,
+        request: Req,
+        rpc: F,
+    ) -> Result<Resp, Error>
+    where
+        C: Clone,
+        Req: Clone,
+        F: Fn(C, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let Call {
+            name,
+            object,
+            timeout,
+            idempotent,
+        } = call;
+        let span = tracing::debug_span!("cri", call = name, object = object.unwrap_or(""));
+        async {
+            let started = Instant::now();
+            let deadline = started + timeout;
+            let attempts = match idempotent {
+                Idempotent::Yes => self.options.read_attempts.max(1),
+                Idempotent::No => 1,
+            };
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                let mut req = tonic::Request::new(request.clone());
+                req.set_timeout(remaining);
+                let result = match tokio::time::timeout(remaining, rpc(client.clone(), req)).await {
+                    Ok(Ok(resp)) => Ok(resp.into_inner()),
+                    // tonic enforces the grpc-timeout itself and reports it as Cancelled.
+                    Ok(Err(_)) if Instant::now() >= deadline => {
+                        Err(Error::deadline(name, object.map(str::to_owned), timeout))
+                    }
+                    Ok(Err(status)) => {
+                        Err(Error::from_status(name, object.map(str::to_owned), &status))
+                    }
+                    Err(_) => Err(Error::deadline(name, object.map(str::to_owned), timeout)),
+                };
+                match result {
+                    Err(err) if err.kind == ErrorKind::Unavailable && attempt < attempts => {
+                        let backoff = Duration::from_millis(50 << attempt.min(6));
+                        if Instant::now() + backoff >= deadline {
+                            return Err(err);
+                        }
+                        tracing::debug!(attempt, %err, "retrying");
+                        tokio::time::sleep(backoff).await;
+                    }
+                    Err(err) => {
+                        tracing::debug!(elapsed = ?started.elapsed(), %err, "failed");
+                        return Err(err);
+                    }
+                    Ok(resp) => {
+                        tracing::trace!(elapsed = ?started.elapsed(), "ok");
+                        return Ok(resp);
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn read(&self) -> Duration {
+        self.options.status_timeout
+    }
+
+    fn write(&self) -> Duration {
+        self.options.request_timeout
+    }
+
+    /// `Version`: the runtime's name and versions.
+    pub async fn version(&self) -> Result<api::VersionResponse, Error> {
+        let req = api::VersionRequest {
+            version: "v1".into(),
+        };
+        self.call(
+            &self.runtime,
+            Call {
+                name: "Version",
+                object: None,
+                timeout: self.read(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.version(r).await },
+        )
+        .await
+    }
+
+    /// `Status`: runtime conditions (RuntimeReady, NetworkReady).
+    pub async fn status(&self, verbose: bool) -> Result<api::StatusResponse, Error> {
+        let req = api::StatusRequest { verbose };
+        self.call(
+            &self.runtime,
+            Call {
+                name: "Status",
+                object: None,
+                timeout: self.read(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.status(r).await },
+        )
+        .await
+    }
+
+    /// `RunPodSandbox`: creates and starts a sandbox.
+    pub async fn run_pod_sandbox(
+        &self,
+        config: api::PodSandboxConfig,
+        runtime_handler: &str,
+    ) -> Result<SandboxId, Error> {
+        let object = config
+            .metadata
+            .as_ref()
+            .map(|m| format!("{}/{}", m.namespace, m.name));
+        let req = api::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: runtime_handler.to_owned(),
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "RunPodSandbox",
+                    object: object.as_deref(),
+                    timeout: self.write(),
+                    idempotent: Idempotent::No,
+                },
+                req,
+                |mut c, r| async move { c.run_pod_sandbox(r).await },
+            )
+            .await?;
+        Ok(SandboxId::new(resp.pod_sandbox_id))
+    }
+
+    /// `StopPodSandbox`: stops every container of the sandbox and tears down its network. Idempotent.
+    pub async fn stop_pod_sandbox(&self, id: &SandboxId) -> Result<(), Error> {
+        let req = api::StopPodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        };
+        self.call(
+            &self.runtime,
+            Call {
+                name: "StopPodSandbox",
+                object: Some(id.as_str()),
+                timeout: self.write(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.stop_pod_sandbox(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `RemovePodSandbox`: removes a stopped sandbox and its containers. Idempotent.
+    pub async fn remove_pod_sandbox(&self, id: &SandboxId) -> Result<(), Error> {
+        let req = api::RemovePodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        };
+        self.call(
+            &self.runtime,
+            Call {
+                name: "RemovePodSandbox",
+                object: Some(id.as_str()),
+                timeout: self.write(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.remove_pod_sandbox(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `PodSandboxStatus`.
+    pub async fn pod_sandbox_status(
+        &self,
+        id: &SandboxId,
+        verbose: bool,
+    ) -> Result<api::PodSandboxStatusResponse, Error> {
+        let req = api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_string(),
+            verbose,
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "PodSandboxStatus",
+                    object: Some(id.as_str()),
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.pod_sandbox_status(r).await },
+            )
+            .await?;
+        if resp.status.is_none() {
+            return Err(Error::malformed(
+                "PodSandboxStatus",
+                Some(id.to_string()),
+                "no status",
+            ));
+        }
+        Ok(resp)
+    }
+
+    /// `ListPodSandbox`.
+    pub async fn list_pod_sandbox(
+        &self,
+        filter: SandboxFilter,
+    ) -> Result<Vec<api::PodSandbox>, Error> {
+        let req = api::ListPodSandboxRequest {
+            filter: filter.into_api(),
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "ListPodSandbox",
+                    object: None,
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.list_pod_sandbox(r).await },
+            )
+            .await?;
+        Ok(resp.items)
+    }
+
+    /// `CreateContainer` in `sandbox`; `sandbox_config` is the config the sandbox was run with.
+    pub async fn create_container(
+        &self,
+        sandbox: &SandboxId,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+    ) -> Result<ContainerId, Error> {
+        let object = config
+            .metadata
+            .as_ref()
+            .map(|m| format!("{}/{}", sandbox.short(), m.name));
+        let req = api::CreateContainerRequest {
+            pod_sandbox_id: sandbox.to_string(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config),
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "CreateContainer",
+                    object: object.as_deref(),
+                    timeout: self.write(),
+                    idempotent: Idempotent::No,
+                },
+                req,
+                |mut c, r| async move { c.create_container(r).await },
+            )
+            .await?;
+        Ok(ContainerId::new(resp.container_id))
+    }
+
+    /// `StartContainer`.
+    pub async fn start_container(&self, id: &ContainerId) -> Result<(), Error> {
+        let req = api::StartContainerRequest {
+            container_id: id.to_string(),
+        };
+        self.call(
+            &self.runtime,
+            Call {
+                name: "StartContainer",
+                object: Some(id.as_str()),
+                timeout: self.write(),
+                idempotent: Idempotent::No,
+            },
+            req,
+            |mut c, r| async move { c.start_container(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `StopContainer`: SIGTERM (or the image's stop signal), SIGKILL after `grace`. Idempotent.
+    pub async fn stop_container(&self, id: &ContainerId, grace: Duration) -> Result<(), Error> {
+        let req = api::StopContainerRequest {
+            container_id: id.to_string(),
+            timeout: i64::try_from(grace.as_secs()).unwrap_or(i64::MAX),
+        };
+        let deadline = grace + self.write();
+        self.call(
+            &self.runtime,
+            Call {
+                name: "StopContainer",
+                object: Some(id.as_str()),
+                timeout: deadline,
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.stop_container(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `RemoveContainer` (force-removes a running container). Idempotent.
+    pub async fn remove_container(&self, id: &ContainerId) -> Result<(), Error> {
+        let req = api::RemoveContainerRequest {
+            container_id: id.to_string(),
+        };
+        self.call(
+            &self.runtime,
+            Call {
+                name: "RemoveContainer",
+                object: Some(id.as_str()),
+                timeout: self.write(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.remove_container(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `ListContainers`.
+    pub async fn list_containers(
+        &self,
+        filter: ContainerFilter,
+    ) -> Result<Vec<api::Container>, Error> {
+        let req = api::ListContainersRequest {
+            filter: filter.into_api(),
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "ListContainers",
+                    object: None,
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.list_containers(r).await },
+            )
+            .await?;
+        Ok(resp.containers)
+    }
+
+    /// `ContainerStatus`.
+    pub async fn container_status(&self, id: &ContainerId) -> Result<api::ContainerStatus, Error> {
+        let req = api::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "ContainerStatus",
+                    object: Some(id.as_str()),
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.container_status(r).await },
+            )
+            .await?;
+        resp.status
+            .ok_or_else(|| Error::malformed("ContainerStatus", Some(id.to_string()), "no status"))
+    }
+
+    /// `UpdateContainerResources` (Linux resources).
+    pub async fn update_container_resources(
+        &self,
+        id: &ContainerId,
+        linux: api::LinuxContainerResources,
+    ) -> Result<(), Error> {
+        let req = api::UpdateContainerResourcesRequest {
+            container_id: id.to_string(),
+            linux: Some(linux),
+            ..Default::default()
+        };
+        self.call(
+            &self.runtime,
+            Call {
+                name: "UpdateContainerResources",
+                object: Some(id.as_str()),
+                timeout: self.write(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.update_container_resources(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `ReopenContainerLog` (after log rotation).
+    pub async fn reopen_container_log(&self, id: &ContainerId) -> Result<(), Error> {
+        let req = api::ReopenContainerLogRequest {
+            container_id: id.to_string(),
+        };
+        self.call(
+            &self.runtime,
+            Call {
+                name: "ReopenContainerLog",
+                object: Some(id.as_str()),
+                timeout: self.write(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.reopen_container_log(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `ExecSync`: runs `cmd` in the container and waits up to `timeout` (zero: no limit).
+    pub async fn exec_sync(
+        &self,
+        id: &ContainerId,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, Error> {
+        let req = api::ExecSyncRequest {
+            container_id: id.to_string(),
+            cmd,
+            timeout: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        };
+        let deadline = timeout + self.write();
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "ExecSync",
+                    object: Some(id.as_str()),
+                    timeout: deadline,
+                    idempotent: Idempotent::No,
+                },
+                req,
+                |mut c, r| async move { c.exec_sync(r).await },
+            )
+            .await?;
+        Ok(ExecOutput {
+            stdout: resp.stdout,
+            stderr: resp.stderr,
+            exit_code: resp.exit_code,
+        })
+    }
+
+    /// `Exec`: prepares a streaming exec session and returns its URL.
+    pub async fn exec(&self, req: api::ExecRequest) -> Result<String, Error> {
+        let id = req.container_id.clone();
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "Exec",
+                    object: Some(&id),
+                    timeout: self.write(),
+                    idempotent: Idempotent::No,
+                },
+                req,
+                |mut c, r| async move { c.exec(r).await },
+            )
+            .await?;
+        Ok(resp.url)
+    }
+
+    /// `ContainerStats`.
+    pub async fn container_stats(&self, id: &ContainerId) -> Result<api::ContainerStats, Error> {
+        let req = api::ContainerStatsRequest {
+            container_id: id.to_string(),
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "ContainerStats",
+                    object: Some(id.as_str()),
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.container_stats(r).await },
+            )
+            .await?;
+        resp.stats
+            .ok_or_else(|| Error::malformed("ContainerStats", Some(id.to_string()), "no stats"))
+    }
+
+    /// `ListContainerStats` (the filter's state is ignored).
+    pub async fn list_container_stats(
+        &self,
+        filter: ContainerFilter,
+    ) -> Result<Vec<api::ContainerStats>, Error> {
+        let req = api::ListContainerStatsRequest {
+            filter: filter.into_stats_api(),
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "ListContainerStats",
+                    object: None,
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.list_container_stats(r).await },
+            )
+            .await?;
+        Ok(resp.stats)
+    }
+
+    /// `PodSandboxStats`.
+    pub async fn pod_sandbox_stats(&self, id: &SandboxId) -> Result<api::PodSandboxStats, Error> {
+        let req = api::PodSandboxStatsRequest {
+            pod_sandbox_id: id.to_string(),
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "PodSandboxStats",
+                    object: Some(id.as_str()),
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.pod_sandbox_stats(r).await },
+            )
+            .await?;
+        resp.stats
+            .ok_or_else(|| Error::malformed("PodSandboxStats", Some(id.to_string()), "no stats"))
+    }
+
+    /// `GetContainerEvents`: the runtime's container event stream (containerd 1.7+).
+    ///
+    /// # Errors
+    /// `Unsupported` on runtimes without the call (containerd 1.6). Items of the
+    /// stream are `Err` when the stream breaks (e.g. the runtime restarts); the
+    /// stream has no replay, so a consumer must relist after any error.
+    pub async fn container_events(&self) -> Result<EventStream, Error> {
+        let mut client = self.runtime.clone();
+        let span = tracing::debug_span!("cri", call = "GetContainerEvents");
+        let resp = async { client.get_container_events(api::GetEventsRequest {}).await }
+            .instrument(span)
+            .await
+            .map_err(|status| Error::from_status("GetContainerEvents", None, &status))?;
+        let stream = resp.into_inner().map(|item| {
+            item.map_err(|status| Error::from_status("GetContainerEvents", None, &status))
+        });
+        Ok(Box::pin(stream))
+    }
+
+    /// `ListImages`, optionally only those matching `image`.
+    pub async fn list_images(&self, image: Option<&str>) -> Result<Vec<api::Image>, Error> {
+        let req = api::ListImagesRequest {
+            filter: image.map(|i| api::ImageFilter {
+                image: Some(image_spec(i)),
+            }),
+        };
+        let resp = self
+            .call(
+                &self.images,
+                Call {
+                    name: "ListImages",
+                    object: image,
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.list_images(r).await },
+            )
+            .await?;
+        Ok(resp.images)
+    }
+
+    /// `ImageStatus`: `None` if the image is not present on the node.
+    pub async fn image_status(&self, image: &str) -> Result<Option<api::Image>, Error> {
+        let req = api::ImageStatusRequest {
+            image: Some(image_spec(image)),
+            verbose: false,
+        };
+        let resp = self
+            .call(
+                &self.images,
+                Call {
+                    name: "ImageStatus",
+                    object: Some(image),
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.image_status(r).await },
+            )
+            .await?;
+        Ok(resp.image)
+    }
+
+    /// `PullImage`: returns the image reference (digest) the runtime resolved.
+    pub async fn pull_image(
+        &self,
+        image: &str,
+        sandbox_config: Option<api::PodSandboxConfig>,
+    ) -> Result<String, Error> {
+        let req = api::PullImageRequest {
+            image: Some(image_spec(image)),
+            auth: None,
+            sandbox_config,
+        };
+        let resp = self
+            .call(
+                &self.images,
+                Call {
+                    name: "PullImage",
+                    object: Some(image),
+                    timeout: self.write(),
+                    idempotent: Idempotent::No,
+                },
+                req,
+                |mut c, r| async move { c.pull_image(r).await },
+            )
+            .await?;
+        Ok(resp.image_ref)
+    }
+
+    /// `RemoveImage`.
+    pub async fn remove_image(&self, image: &str) -> Result<(), Error> {
+        let req = api::RemoveImageRequest {
+            image: Some(image_spec(image)),
+        };
+        self.call(
+            &self.images,
+            Call {
+                name: "RemoveImage",
+                object: Some(image),
+                timeout: self.write(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.remove_image(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `ImageFsInfo`: usage of the image filesystem(s).
+    pub async fn image_fs_info(&self) -> Result<api::ImageFsInfoResponse, Error> {
+        let req = api::ImageFsInfoRequest {};
+        self.call(
+            &self.images,
+            Call {
+                name: "ImageFsInfo",
+                object: None,
+                timeout: self.read(),
+                idempotent: Idempotent::Yes,
+            },
+            req,
+            |mut c, r| async move { c.image_fs_info(r).await },
+        )
+        .await
+    }
+}
+
+fn image_spec(image: &str) -> api::ImageSpec {
+    api::ImageSpec {
+        image: image.to_owned(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,112 @@
+//! `ImageService` of the fake runtime.
+
+use tonic::{Request, Response, Status};
+
+use super::state::now_ns;
+use super::{FakeRuntime, lock};
+use crate::api::{self, image_service_server::ImageService};
+
+type Reply<T> = Result<Response<T>, Status>;
+
+fn image(name: &str) -> api::Image {
+    api::Image {
+        id: format!("sha256:fake-{name}"),
+        repo_tags: vec![name.to_owned()],
+        repo_digests: vec![],
+        size: 1 << 20,
+        spec: Some(api::ImageSpec {
+            image: name.to_owned(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn name_of(spec: Option<api::ImageSpec>) -> Result<String, Status> {
+    spec.map(|s| s.image)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| Status::invalid_argument("no image name"))
+}
+
+#[tonic::async_trait]
+impl ImageService for FakeRuntime {
+    async fn list_images(
+        &self,
+        req: Request<api::ListImagesRequest>,
+    ) -> Reply<api::ListImagesResponse> {
+        self.enter("ListImages").await?;
+        let want = req
+            .into_inner()
+            .filter
+            .and_then(|f| f.image)
+            .map(|i| i.image)
+            .unwrap_or_default();
+        let images = lock(&self.shared.state)
+            .images
+            .iter()
+            .filter(|name| want.is_empty() || **name == want)
+            .map(|name| image(name))
+            .collect();
+        Ok(Response::new(api::ListImagesResponse { images }))
+    }
+
+    async fn image_status(
+        &self,
+        req: Request<api::ImageStatusRequest>,
+    ) -> Reply<api::ImageStatusResponse> {
+        self.enter("ImageStatus").await?;
+        let name = name_of(req.into_inner().image)?;
+        let present = lock(&self.shared.state).images.contains(&name);
+        Ok(Response::new(api::ImageStatusResponse {
+            image: present.then(|| image(&name)),
+            info: Default::default(),
+        }))
+    }
+
+    async fn pull_image(
+        &self,
+        req: Request<api::PullImageRequest>,
+    ) -> Reply<api::PullImageResponse> {
+        self.enter("PullImage").await?;
+        let name = name_of(req.into_inner().image)?;
+        let mut state = lock(&self.shared.state);
+        if !state.pullable.contains(&name) && !state.images.contains(&name) {
+            return Err(Status::not_found(format!(
+                "failed to pull and unpack image \"{name}\": failed to resolve reference \"{name}\": not found"
+            )));
+        }
+        state.add_image(&name);
+        Ok(Response::new(api::PullImageResponse {
+            image_ref: format!("sha256:fake-{name}"),
+        }))
+    }
+
+    async fn remove_image(
+        &self,
+        req: Request<api::RemoveImageRequest>,
+    ) -> Reply<api::RemoveImageResponse> {
+        self.enter("RemoveImage").await?;
+        let name = name_of(req.into_inner().image)?;
+        lock(&self.shared.state).images.remove(&name);
+        Ok(Response::new(api::RemoveImageResponse {}))
+    }
+
+    async fn image_fs_info(
+        &self,
+        _: Request<api::ImageFsInfoRequest>,
+    ) -> Reply<api::ImageFsInfoResponse> {
+        self.enter("ImageFsInfo").await?;
+        let count = lock(&self.shared.state).images.len() as u64;
+        Ok(Response::new(api::ImageFsInfoResponse {
+            image_filesystems: vec![api::FilesystemUsage {
+                timestamp: now_ns(),
+                fs_id: Some(api::FilesystemIdentifier {
+                    mountpoint: "/fake".into(),
+                }),
+                used_bytes: Some(api::UInt64Value { value: count << 20 }),
+                inodes_used: Some(api::UInt64Value { value: count }),
+            }],
+            container_filesystems: vec![],
+        }))
+    }
+}
