@@ -103,6 +103,20 @@ impl PrivateApt {
         Ok(())
     }
 
+    /// Package names matching the POSIX regular expression `pattern`.
+    pub fn search(&self, pattern: &str) -> Result<Vec<String>> {
+        let out = sh::output(Command::new("apt-cache").args(self.options()).args([
+            "search",
+            "--names-only",
+            pattern,
+        ]))?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split(" - ").next())
+            .map(str::to_owned)
+            .collect())
+    }
+
     /// Downloads `package` (optionally `package=version`), reusing a cached `.deb`.
     pub fn download(&self, spec: &str) -> Result<PathBuf> {
         let debs = self.dir.join("debs");

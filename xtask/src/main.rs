@@ -4,7 +4,8 @@
 //! * `node up|down|status [--containerd 1.6|1.7|2.1]`: a private containerd
 //! * `images`: build the local OCI images
 //! * `run`: setup, node up, and evlet with the example static pods
-//! * `test`: setup, fmt, clippy, unit tests, privileged node and kernel tests
+//! * `test`: setup, fmt, clippy, unit tests, privileged node and kernel tests, vm-test
+//! * `vm-test`: the kernel probe tests in Debian kernels under qemu
 
 mod apt;
 mod containerd;
@@ -15,6 +16,7 @@ mod run;
 mod setup;
 mod sh;
 mod test;
+mod vm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -54,6 +56,8 @@ enum Task {
     },
     /// Set up and run every check and test.
     Test(test::Options),
+    /// Run the kernel probe tests inside Debian kernels 5.10, 6.1, 6.12 and sid under qemu.
+    VmTest(vm::Options),
 }
 
 #[derive(Debug, Subcommand)]
@@ -86,5 +90,9 @@ fn main() -> Result<()> {
         }
         Task::Run { containerd, args } => run::run(containerd, &args),
         Task::Test(options) => test::test(&options),
+        Task::VmTest(options) => {
+            setup::setup()?;
+            vm::vm_test(&options, &test::test_targets()?.kernel)
+        }
     }
 }

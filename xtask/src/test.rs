@@ -23,6 +23,12 @@ pub struct Options {
     /// Skip fmt and clippy.
     #[arg(long)]
     no_lint: bool,
+    /// Skip the qemu kernel matrix.
+    #[arg(long)]
+    no_vm: bool,
+    /// Options of the kernel matrix.
+    #[command(flatten)]
+    vm: crate::vm::Options,
 }
 
 /// A cargo command in the repository with the project's tools on `PATH`.
@@ -34,14 +40,19 @@ pub fn cargo(args: &[&str]) -> Command {
     cmd
 }
 
+/// The workspace's test targets by what they need.
 #[derive(Debug, Default)]
-struct Targets {
-    plain: Vec<String>,
-    node: Vec<String>,
-    kernel: Vec<String>,
+pub struct Targets {
+    /// Tests that need nothing.
+    pub plain: Vec<String>,
+    /// Tests that need a private containerd.
+    pub node: Vec<String>,
+    /// Tests that need root and eBPF.
+    pub kernel: Vec<String>,
 }
 
-fn test_targets() -> Result<Targets> {
+/// Classifies the workspace's test targets by name prefix.
+pub fn test_targets() -> Result<Targets> {
     let out = sh::output(&mut cargo(&[
         "metadata",
         "--format-version",
@@ -131,6 +142,9 @@ pub fn test(options: &Options) -> Result<()> {
     }
     if !failures.is_empty() {
         bail!("node tests failed:\n{}", failures.join("\n"));
+    }
+    if !options.no_vm && !targets.kernel.is_empty() {
+        crate::vm::vm_test(&options.vm, &targets.kernel)?;
     }
     eprintln!("test: all passed in {:.0?}", started.elapsed());
     Ok(())

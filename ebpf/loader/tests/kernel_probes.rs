@@ -16,7 +16,12 @@ use std::time::Duration;
 use evlet_ebpf::{AttachKind, AttachMode, Config, Event, EventReader, Probes, cgroup};
 use evlet_testkit::within;
 
-const HELPER: &str = env!("CARGO_BIN_EXE_evlet-probe-helper");
+/// The helper binary; `EVLET_PROBE_HELPER` overrides the build path (the VM matrix
+/// puts it elsewhere).
+fn helper() -> String {
+    std::env::var("EVLET_PROBE_HELPER")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_evlet-probe-helper").to_owned())
+}
 static N: AtomicU32 = AtomicU32::new(0);
 
 /// A cgroup tree for one test, removed (after killing what is left in it) on drop.
@@ -127,7 +132,7 @@ fn spawn_in(cgroups: &[PathBuf], args: &[&str]) -> Child {
                 .expect("path")
         })
         .collect();
-    let mut cmd = Command::new(HELPER);
+    let mut cmd = Command::new(helper());
     cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::null());
     // SAFETY: the closure only makes async-signal-safe syscalls on pre-built buffers.
     unsafe {
