@@ -516,6 +516,47 @@ impl RuntimeClient {
             .ok_or_else(|| Error::malformed("ContainerStatus", Some(id.to_string()), "no status"))
     }
 
+    /// `ContainerStatus` with `verbose`: the runtime's extra information (for
+    /// containerd, `info` holds JSON with the init process `pid`).
+    pub async fn container_info(
+        &self,
+        id: &ContainerId,
+    ) -> Result<std::collections::HashMap<String, String>, Error> {
+        let req = api::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: true,
+        };
+        let resp = self
+            .call(
+                &self.runtime,
+                Call {
+                    name: "ContainerStatus",
+                    object: Some(id.as_str()),
+                    timeout: self.read(),
+                    idempotent: Idempotent::Yes,
+                },
+                req,
+                |mut c, r| async move { c.container_status(r).await },
+            )
+            .await?;
+        Ok(resp.info)
+    }
+
+    /// The host PID of a running container's init process (containerd's verbose info).
+    pub async fn container_pid(&self, id: &ContainerId) -> Result<Option<u32>, Error> {
+        let info = self.container_info(id).await?;
+        Ok(info.get("info").and_then(|json| {
+            let key = "\"pid\":";
+            let at = json.find(key)? + key.len();
+            json[at..]
+                .trim_start()
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        }))
+    }
+
     /// `UpdateContainerResources` (Linux resources).
     pub async fn update_container_resources(
         &self,

@@ -50,6 +50,9 @@ enum Task {
         /// containerd line for the node.
         #[arg(long, default_value = "1.6")]
         containerd: Version,
+        /// Stop evlet after this many seconds (default: run until Ctrl-C).
+        #[arg(long)]
+        duration: Option<u64>,
         /// Extra arguments passed to evlet.
         #[arg(last = true)]
         args: Vec<String>,
@@ -88,7 +91,11 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Task::Run { containerd, args } => run::run(containerd, &args),
+        Task::Run {
+            containerd,
+            duration,
+            args,
+        } => run::run(containerd, duration, &args),
         Task::Test(options) => test::test(&options),
         Task::VmTest(options) => {
             setup::setup()?;

@@ -1,0 +1,241 @@
+//! The pod cache: the runtime status of every pod, with one writer (the PLEG
+//! relister) and a global "fresh as of" stamp.
+//!
+//! **Invariant:** only [`CacheWriter`] (owned by the PLEG) writes; pod workers
+//! hold a [`PodCache`] and wait in [`PodCache::newer_than`] until the cache has
+//! caught up with their own last sync (upstream's `GetNewerThan`). Every relist,
+//! full or per-pod, bumps the stamp, so a worker never waits for an event that
+//! will not come, and never acts on a cache older than its own actions.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::pod::PodUid;
+use crate::runtime::PodStatus;
+
+/// One pod's cached status.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The runtime status, or the error reading it.
+    pub status: Result<Arc<PodStatus>, String>,
+    /// When the relist that produced it started.
+    pub modified: Instant,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pods: HashMap<PodUid, Entry>,
+    /// Every pod's entry is at least this fresh.
+    global: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Bumped on every write so waiters re-check.
+    changed: watch::Sender<u64>,
+}
+
+/// Read side (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct PodCache {
+    shared: Arc<Shared>,
+}
+
+/// Write side: exactly one exists, owned by the PLEG.
+#[derive(Debug)]
+pub struct CacheWriter {
+    shared: Arc<Shared>,
+}
+
+/// A new, empty cache: the single writer and a reader.
+pub fn new() -> (CacheWriter, PodCache) {
+    let (changed, _) = watch::channel(0);
+    let shared = Arc::new(Shared {
+        inner: Mutex::new(Inner {
+            pods: HashMap::new(),
+            global: None,
+        }),
+        changed,
+    });
+    (
+        CacheWriter {
+            shared: Arc::clone(&shared),
+        },
+        PodCache { shared },
+    )
+}
+
+fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl CacheWriter {
+    /// Stores `uid`'s status as of `time` (when the read started). An older write
+    /// never replaces a newer one.
+    pub fn set(&self, uid: &PodUid, status: Result<PodStatus, String>, time: Instant) {
+        {
+            let mut inner = lock(&self.shared.inner);
+            if inner.pods.get(uid).is_some_and(|e| e.modified > time) {
+                return;
+            }
+            inner.pods.insert(
+                uid.clone(),
+                Entry {
+                    status: status.map(Arc::new),
+                    modified: time,
+                },
+            );
+        }
+        self.shared.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Drops a pod that no longer exists anywhere.
+    pub fn delete(&self, uid: &PodUid) {
+        lock(&self.shared.inner).pods.remove(uid);
+    }
+
+    /// Declares every entry fresh as of `time` (end of a full relist).
+    pub fn update_time(&self, time: Instant) {
+        {
+            let mut inner = lock(&self.shared.inner);
+            if inner.global.is_some_and(|g| g >= time) {
+                return;
+            }
+            inner.global = Some(time);
+        }
+        self.shared.changed.send_modify(|n| *n += 1);
+    }
+
+    /// A reader of this cache.
+    pub fn reader(&self) -> PodCache {
+        PodCache {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl PodCache {
+    /// The entry of `uid` if any (an absent pod is "no containers").
+    pub fn get(&self, uid: &PodUid) -> Option<Entry> {
+        lock(&self.shared.inner).pods.get(uid).cloned()
+    }
+
+    /// Every pod the runtime has something of (sandboxes or containers).
+    pub fn known(&self) -> Vec<Arc<PodStatus>> {
+        lock(&self.shared.inner)
+            .pods
+            .values()
+            .filter_map(|e| e.status.as_ref().ok())
+            .filter(|s| !s.sandboxes.is_empty() || !s.containers.is_empty())
+            .cloned()
+            .collect()
+    }
+
+    /// The global freshness stamp.
+    pub fn global(&self) -> Option<Instant> {
+        lock(&self.shared.inner).global
+    }
+
+    fn fresh(&self, uid: &PodUid, min: Instant) -> Option<Entry> {
+        let inner = lock(&self.shared.inner);
+        let entry = inner.pods.get(uid);
+        if let Some(e) = entry
+            && e.modified > min
+        {
+            return Some(e.clone());
+        }
+        if inner.global.is_some_and(|g| g > min) {
+            return Some(entry.cloned().unwrap_or(Entry {
+                status: Ok(Arc::new(PodStatus::empty(uid.clone()))),
+                modified: inner.global.unwrap_or(min),
+            }));
+        }
+        None
+    }
+
+    /// Waits until `uid`'s entry (or the global stamp) is newer than `min`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn newer_than(&self, uid: &PodUid, min: Instant) -> Entry {
+        let mut changed = self.shared.changed.subscribe();
+        loop {
+            changed.borrow_and_update();
+            if let Some(e) = self.fresh(uid, min) {
+                return e;
+            }
+            if changed.changed().await.is_err() {
+                // The writer is gone: nothing newer will come; return what there is.
+                return self
+                    .fresh(
+                        uid,
+                        Instant::now() - std::time::Duration::from_secs(1 << 20),
+                    )
+                    .unwrap_or(Entry {
+                        status: Err("pod cache writer stopped".into()),
+                        modified: min,
+                    });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_waits_until_a_relist_newer_than_its_sync() {
+        let (writer, cache) = new();
+        let uid = PodUid::from("p");
+        let t0 = Instant::now();
+        writer.set(&uid, Ok(PodStatus::empty(uid.clone())), t0);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let synced_at = Instant::now();
+        let waiter = tokio::spawn({
+            let cache = cache.clone();
+            let uid = uid.clone();
+            async move { cache.newer_than(&uid, synced_at).await.modified }
+        });
+        tokio::time::advance(Duration::from_millis(10)).await;
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "an entry from before the sync is not enough"
+        );
+        let t1 = Instant::now();
+        writer.set(&uid, Ok(PodStatus::empty(uid.clone())), t1);
+        assert_eq!(waiter.await.expect("join"), t1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_global_stamp_releases_waiters_of_pods_without_events() {
+        let (writer, cache) = new();
+        let uid = PodUid::from("quiet");
+        let since = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let waiter = tokio::spawn({
+            let cache = cache.clone();
+            async move { cache.newer_than(&uid, since).await }
+        });
+        tokio::task::yield_now().await;
+        writer.update_time(Instant::now());
+        let entry = waiter.await.expect("join");
+        assert!(entry.status.expect("empty status").sandboxes.is_empty());
+    }
+
+    #[test]
+    fn an_older_write_never_replaces_a_newer_one() {
+        let (writer, cache) = new();
+        let uid = PodUid::from("p");
+        let now = Instant::now();
+        writer.set(&uid, Ok(PodStatus::empty(uid.clone())), now);
+        writer.set(&uid, Err("stale".into()), now - Duration::from_secs(1));
+        assert!(cache.get(&uid).expect("entry").status.is_ok());
+    }
+}

@@ -1,0 +1,33 @@
+//! evlet: a Kubernetes node agent whose PLEG is driven by eBPF.
+//!
+//! Map (data flows top to bottom):
+//! * [`config`]: KubeletConfiguration-style YAML plus flags.
+//! * [`source`]: pod sources (static manifest directory, manifest URL) and their
+//!   merge into ADD/UPDATE/REMOVE/RECONCILE ([`source::PodConfig`]).
+//! * [`validation`]: pod spec checks naming the field; [`quantity`]: resource quantities.
+//! * [`agent`]: wiring and the sync loop.
+//! * [`workers`]: one task per pod (sync → terminating → terminated).
+//! * [`sync`]: SyncPod over CRI: actions (pure), configs (pure), the executor.
+//! * [`backoff`]: CrashLoopBackOff and image pull backoff.
+//! * [`status`]: the pod status as upstream computes it (pure).
+//! * [`pleg`]: the relister (single writer of [`cache`]) and PLEG modes.
+//! * [`runtime`]: the CRI seen as pods.
+//! * [`server`], [`metrics`]: `/healthz`, `/pods`, `/metrics`.
+//! * [`pod`]: identity, labels, defaulting; [`cgroups`]: pod cgroup cleanup.
+
+pub mod agent;
+pub mod backoff;
+pub mod cache;
+pub mod cgroups;
+pub mod config;
+pub mod metrics;
+pub mod pleg;
+pub mod pod;
+pub mod quantity;
+pub mod runtime;
+pub mod server;
+pub mod source;
+pub mod status;
+pub mod sync;
+pub mod validation;
+pub mod workers;

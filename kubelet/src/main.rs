@@ -1,0 +1,135 @@
+//! The `evlet` binary: flags and config file → [`evlet::agent`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::Parser;
+use evlet::config::{self, Config, KubeletConfiguration, LogFormat, PlegMode};
+use tokio_util::sync::CancellationToken;
+
+/// evlet: a Kubernetes node agent whose PLEG is driven by eBPF.
+#[derive(Debug, Parser)]
+#[command(name = "evlet", version)]
+struct Flags {
+    /// KubeletConfiguration YAML (kubelet.config.k8s.io/v1beta1); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Static pod manifest directory (or file).
+    #[arg(long)]
+    pod_manifest_path: Option<PathBuf>,
+    /// Static pod manifest URL (http://).
+    #[arg(long)]
+    manifest_url: Option<String>,
+    /// CRI endpoint.
+    #[arg(long)]
+    container_runtime_endpoint: Option<String>,
+    /// Node name instead of the hostname.
+    #[arg(long)]
+    hostname_override: Option<String>,
+    /// State directory (pod volumes, logs under logs/pods).
+    #[arg(long, default_value = "/var/lib/evlet")]
+    root_dir: PathBuf,
+    /// Root cgroup of the agent's pods (cgroupfs path).
+    #[arg(long)]
+    cgroup_root: Option<String>,
+    /// HTTP address of /healthz, /pods, /metrics.
+    #[arg(long)]
+    address: Option<SocketAddr>,
+    /// The node's IP (status.hostIP).
+    #[arg(long)]
+    node_ip: Option<String>,
+    /// PLEG mode.
+    #[arg(long, value_enum)]
+    pleg_mode: Option<PlegMode>,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn effective(flags: Flags) -> Result<Config> {
+    let file = match &flags.config {
+        Some(path) => KubeletConfiguration::load(path)?,
+        None => KubeletConfiguration::default(),
+    };
+    let duration = |v: Option<&String>, default: Duration| -> Result<Duration> {
+        v.map(|s| config::parse_duration(s).map_err(anyhow::Error::msg))
+            .transpose()
+            .map(|d| d.unwrap_or(default))
+    };
+    let address = match flags.address {
+        Some(a) => a,
+        None => {
+            let host = file.address.clone().unwrap_or_else(|| "127.0.0.1".into());
+            let port = file.read_only_port.unwrap_or(10255);
+            format!("{host}:{port}")
+                .parse()
+                .context("address/readOnlyPort in the config file")?
+        }
+    };
+    Ok(Config {
+        node_name: config::node_name(flags.hostname_override.as_deref()),
+        root_dir: flags.root_dir,
+        pod_manifest_path: flags.pod_manifest_path.or(file.static_pod_path),
+        manifest_url: flags.manifest_url.or(file.static_pod_url),
+        runtime_endpoint: flags
+            .container_runtime_endpoint
+            .or(file.container_runtime_endpoint)
+            .unwrap_or_else(|| "unix:///run/containerd/containerd.sock".into()),
+        cgroup_root: flags
+            .cgroup_root
+            .or(file.cgroup_root)
+            .unwrap_or_else(|| "/".into()),
+        address,
+        file_check_frequency: duration(
+            file.file_check_frequency.as_ref(),
+            Duration::from_secs(20),
+        )?,
+        http_check_frequency: duration(
+            file.http_check_frequency.as_ref(),
+            Duration::from_secs(20),
+        )?,
+        node_ip: flags.node_ip,
+        pleg_mode: flags.pleg_mode.or(file.pleg_mode).unwrap_or(PlegMode::Ebpf),
+        relist_period: evlet::pleg::generic::RELIST_PERIOD,
+        ebpf_relist_period: duration(
+            file.pleg_safety_relist_period.as_ref(),
+            Duration::from_secs(120),
+        )?,
+        log_format: flags.log_format,
+    })
+}
+
+fn main() -> Result<()> {
+    let flags = Flags::parse();
+    init_logging(flags.log_format);
+    let config = effective(flags)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        let (_handles, task) = evlet::agent::start(config, shutdown.clone()).await?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+            _ = term.recv() => tracing::info!("terminated; stopping"),
+        }
+        shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        Ok(())
+    })
+}

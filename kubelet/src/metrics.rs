@@ -1,0 +1,195 @@
+//! Prometheus metrics (text format on `/metrics`). Names follow upstream kubelet
+//! where the concept matches (`kubelet_pleg_*`, `kubelet_running_*`); evlet's own
+//! start with `evlet_`.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Label set `{container_state="running"}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// created, running, exited, unknown.
+    pub container_state: String,
+}
+
+/// Label set `{mode="ebpf"}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    /// The PLEG mode.
+    pub mode: String,
+}
+
+/// Label set of OOM kills.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OomLabel {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+}
+
+/// Every metric of the agent.
+#[derive(Debug)]
+pub struct Metrics {
+    /// The registry serving `/metrics`.
+    pub registry: Registry,
+    /// Seconds per full relist.
+    pub pleg_relist_duration: Histogram,
+    /// Seconds between the starts of full relists.
+    pub pleg_relist_interval: Histogram,
+    /// Seconds per single-pod relist.
+    pub pleg_pod_relist_duration: Histogram,
+    /// PLEG events dropped because the sync loop's channel was full.
+    pub pleg_discard_events: Counter,
+    /// Unix time of the last successful full relist.
+    pub pleg_last_seen: Gauge<f64, AtomicU64>,
+    /// Pods with a ready sandbox.
+    pub running_pods: Gauge,
+    /// Containers by state.
+    pub running_containers: Family<StateLabel, Gauge>,
+    /// Kernel event → pod cache updated, seconds.
+    pub pleg_hint_latency: Histogram,
+    /// State changes a full relist found that no hint announced.
+    pub pleg_missed_events: Counter,
+    /// eBPF ring-buffer records lost in the kernel.
+    pub ebpf_ringbuf_lost: Counter,
+    /// OOM kills seen by the kernel probes.
+    pub oom_kills: Family<OomLabel, Counter>,
+    /// 1 for the active PLEG mode.
+    pub pleg_mode: Family<ModeLabel, Gauge>,
+    /// Manifests rejected by static pod sources.
+    pub manifest_errors: Counter,
+    /// Seconds per pod sync.
+    pub pod_worker_duration: Histogram,
+}
+
+fn buckets_seconds() -> impl Iterator<Item = f64> {
+    // Prometheus' DefBuckets, as upstream's relist histograms use.
+    [
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ]
+    .into_iter()
+}
+
+fn buckets_latency() -> impl Iterator<Item = f64> {
+    [
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    ]
+    .into_iter()
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            pleg_relist_duration: Histogram::new(buckets_seconds()),
+            pleg_relist_interval: Histogram::new(buckets_seconds()),
+            pleg_pod_relist_duration: Histogram::new(buckets_latency()),
+            pleg_discard_events: Counter::default(),
+            pleg_last_seen: Gauge::default(),
+            running_pods: Gauge::default(),
+            running_containers: Family::default(),
+            pleg_hint_latency: Histogram::new(buckets_latency()),
+            pleg_missed_events: Counter::default(),
+            ebpf_ringbuf_lost: Counter::default(),
+            oom_kills: Family::default(),
+            pleg_mode: Family::default(),
+            manifest_errors: Counter::default(),
+            pod_worker_duration: Histogram::new(buckets_seconds()),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "kubelet_pleg_relist_duration_seconds",
+            "Duration in seconds for relisting pods in PLEG",
+            m.pleg_relist_duration.clone(),
+        );
+        registry.register(
+            "kubelet_pleg_relist_interval_seconds",
+            "Interval in seconds between relisting in PLEG",
+            m.pleg_relist_interval.clone(),
+        );
+        registry.register(
+            "kubelet_pleg_pod_relist_duration_seconds",
+            "Duration in seconds of single-pod relists in PLEG",
+            m.pleg_pod_relist_duration.clone(),
+        );
+        registry.register(
+            "kubelet_pleg_discard_events",
+            "The number of discard events in PLEG",
+            m.pleg_discard_events.clone(),
+        );
+        registry.register(
+            "kubelet_pleg_last_seen_seconds",
+            "Timestamp in seconds when PLEG was last seen active",
+            m.pleg_last_seen.clone(),
+        );
+        registry.register(
+            "kubelet_running_pods",
+            "Number of pods that have a running pod sandbox",
+            m.running_pods.clone(),
+        );
+        registry.register(
+            "kubelet_running_containers",
+            "Number of containers currently running",
+            m.running_containers.clone(),
+        );
+        registry.register(
+            "evlet_pleg_hint_latency_seconds",
+            "Kernel event timestamp to pod cache updated",
+            m.pleg_hint_latency.clone(),
+        );
+        registry.register(
+            "evlet_pleg_missed_events",
+            "State changes found by a global relist with no preceding hint",
+            m.pleg_missed_events.clone(),
+        );
+        registry.register(
+            "evlet_ebpf_ringbuf_lost",
+            "eBPF ring buffer records lost in the kernel",
+            m.ebpf_ringbuf_lost.clone(),
+        );
+        registry.register(
+            "evlet_oom_kills",
+            "OOM kills seen by the kernel probes",
+            m.oom_kills.clone(),
+        );
+        registry.register(
+            "evlet_pleg_mode",
+            "1 for the active PLEG mode",
+            m.pleg_mode.clone(),
+        );
+        registry.register(
+            "evlet_manifest_errors",
+            "Static pod manifests rejected",
+            m.manifest_errors.clone(),
+        );
+        registry.register(
+            "kubelet_pod_worker_duration_seconds",
+            "Duration in seconds to sync a single pod",
+            m.pod_worker_duration.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,376 @@
+//! [`Relister`]: full and per-pod relists, the single writer of the pod cache.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{EventType, Health, PodLifecycleEvent};
+use crate::cache::CacheWriter;
+use crate::metrics::{Metrics, StateLabel};
+use crate::pod::PodUid;
+use crate::runtime::{PodStatus, Runtime, RuntimePod, State};
+
+/// Capacity of the PLEG → sync loop channel (upstream's `plegChannelCapacity`).
+pub const CHANNEL_CAPACITY: usize = 1000;
+
+/// Coarse state of a container or sandbox for event computation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Coarse {
+    Running,
+    Exited,
+    Unknown,
+    NonExistent,
+}
+
+fn coarse(state: Option<State>) -> Coarse {
+    match state {
+        None => Coarse::NonExistent,
+        Some(State::Running) => Coarse::Running,
+        Some(State::Exited) => Coarse::Exited,
+        Some(State::Created | State::Unknown) => Coarse::Unknown,
+    }
+}
+
+/// Upstream's `computeEvents` for one container (or sandbox) ID.
+fn compute(uid: &PodUid, id: &str, old: Coarse, new: Coarse) -> Vec<PodLifecycleEvent> {
+    let ev = |kind| PodLifecycleEvent {
+        uid: uid.clone(),
+        kind,
+        data: id.to_owned(),
+    };
+    if old == new {
+        return vec![];
+    }
+    match new {
+        Coarse::Running => vec![ev(EventType::ContainerStarted)],
+        Coarse::Exited => vec![ev(EventType::ContainerDied)],
+        // Unknown (incl. Created) is upstream's ContainerChanged, which is never sent.
+        Coarse::Unknown => vec![],
+        Coarse::NonExistent => match old {
+            Coarse::Exited => vec![ev(EventType::ContainerRemoved)],
+            _ => vec![
+                ev(EventType::ContainerDied),
+                ev(EventType::ContainerRemoved),
+            ],
+        },
+    }
+}
+
+fn record_from_status(status: &PodStatus) -> RuntimePod {
+    RuntimePod {
+        sandboxes: status
+            .sandboxes
+            .iter()
+            .map(|s| (s.id.to_string(), s.ready))
+            .collect(),
+        containers: status
+            .containers
+            .iter()
+            .map(|c| (c.id.to_string(), c.state))
+            .collect(),
+        name: String::new(),
+        namespace: String::new(),
+    }
+}
+
+/// Events between two listings of one pod.
+fn diff(
+    uid: &PodUid,
+    old: Option<&RuntimePod>,
+    new: Option<&RuntimePod>,
+) -> Vec<PodLifecycleEvent> {
+    let empty = RuntimePod::default();
+    let old = old.unwrap_or(&empty);
+    let new = new.unwrap_or(&empty);
+    let mut events = Vec::new();
+    let ids: BTreeSet<&String> = old.containers.keys().chain(new.containers.keys()).collect();
+    for id in ids {
+        events.extend(compute(
+            uid,
+            id,
+            coarse(old.containers.get(id).copied()),
+            coarse(new.containers.get(id).copied()),
+        ));
+    }
+    let sandbox_state =
+        |ready: Option<&bool>| ready.map(|r| if *r { State::Running } else { State::Exited });
+    let ids: BTreeSet<&String> = old.sandboxes.keys().chain(new.sandboxes.keys()).collect();
+    for id in ids {
+        events.extend(compute(
+            uid,
+            id,
+            coarse(sandbox_state(old.sandboxes.get(id))),
+            coarse(sandbox_state(new.sandboxes.get(id))),
+        ));
+    }
+    events
+}
+
+/// What a relist found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Pods whose listing changed.
+    pub changed: Vec<PodUid>,
+    /// Events sent (or discarded).
+    pub events: usize,
+}
+
+/// The single writer of the pod cache.
+#[derive(Debug)]
+pub struct Relister {
+    runtime: Runtime,
+    cache: CacheWriter,
+    /// The last listing of each pod (upstream's `podRecords`).
+    records: BTreeMap<PodUid, RuntimePod>,
+    /// Pods whose status read failed; re-read on the next full relist.
+    reinspect: HashSet<PodUid>,
+    events: mpsc::Sender<PodLifecycleEvent>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    last_full: Option<Instant>,
+}
+
+impl Relister {
+    /// A relister writing `cache` and sending events on `events`.
+    pub fn new(
+        runtime: Runtime,
+        cache: CacheWriter,
+        events: mpsc::Sender<PodLifecycleEvent>,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+    ) -> Self {
+        Self {
+            runtime,
+            cache,
+            records: BTreeMap::new(),
+            reinspect: HashSet::new(),
+            events,
+            metrics,
+            health,
+            last_full: None,
+        }
+    }
+
+    fn send(&self, events: Vec<PodLifecycleEvent>) -> usize {
+        let n = events.len();
+        for e in events {
+            if self.events.try_send(e).is_err() {
+                self.metrics.pleg_discard_events.inc();
+                tracing::error!("event channel is full, discarding this relist cycle's event");
+            }
+        }
+        n
+    }
+
+    async fn update_cache(&mut self, uid: &PodUid, at: Instant) -> Option<PodStatus> {
+        match self.runtime.pod_status(uid).await {
+            Ok(status) => {
+                self.reinspect.remove(uid);
+                self.cache.set(uid, Ok(status.clone()), at);
+                Some(status)
+            }
+            Err(err) => {
+                tracing::warn!(pod = %uid, %err, "reading pod status failed; will retry on the next relist");
+                self.reinspect.insert(uid.clone());
+                self.cache.set(uid, Err(err.to_string()), at);
+                None
+            }
+        }
+    }
+
+    /// Lists everything, updates the cache for pods that changed, emits events,
+    /// and bumps the cache's global stamp. `hinted` says which pods had a hint
+    /// since the previous full relist; changes outside it are counted as missed.
+    ///
+    /// # Errors
+    /// The listing's CRI error; the health stamp is then not renewed (upstream).
+    pub async fn relist_all(
+        &mut self,
+        hinted: Option<&HashSet<PodUid>>,
+    ) -> Result<Report, evlet_cri::Error> {
+        let start = Instant::now();
+        if let Some(prev) = self.last_full {
+            self.metrics
+                .pleg_relist_interval
+                .observe((start - prev).as_secs_f64());
+        }
+        self.last_full = Some(start);
+        let pods = self.runtime.pods().await?;
+        self.update_gauges(&pods);
+        let mut report = Report::default();
+        let uids: BTreeSet<PodUid> = self.records.keys().chain(pods.keys()).cloned().collect();
+        for uid in uids {
+            let events = diff(&uid, self.records.get(&uid), pods.get(&uid));
+            let changed = !events.is_empty()
+                || self
+                    .records
+                    .get(&uid)
+                    .map(|r| (&r.sandboxes, &r.containers))
+                    != pods.get(&uid).map(|r| (&r.sandboxes, &r.containers));
+            if !changed && !self.reinspect.contains(&uid) {
+                continue;
+            }
+            if changed {
+                report.changed.push(uid.clone());
+                if hinted.is_some_and(|h| !h.contains(&uid)) {
+                    self.metrics.pleg_missed_events.inc();
+                    tracing::warn!(pod = %uid, "a full relist found a change no hint announced (missed event)");
+                }
+            }
+            match pods.get(&uid) {
+                Some(record) => {
+                    if self.update_cache(&uid, start).await.is_none() {
+                        // Keep the old record so the change is seen again next time.
+                        continue;
+                    }
+                    self.records.insert(uid.clone(), record.clone());
+                }
+                None => {
+                    self.records.remove(&uid);
+                    self.cache
+                        .set(&uid, Ok(PodStatus::empty(uid.clone())), start);
+                }
+            }
+            report.events += self.send(events);
+        }
+        self.cache.update_time(start);
+        self.health.record(start);
+        self.metrics.pleg_last_seen.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+        );
+        self.metrics
+            .pleg_relist_duration
+            .observe(start.elapsed().as_secs_f64());
+        Ok(report)
+    }
+
+    /// Re-reads one pod, updates its cache entry and emits its events.
+    /// Returns whether its listing changed.
+    pub async fn relist_pod(&mut self, uid: &PodUid) -> bool {
+        let start = Instant::now();
+        let Some(status) = self.update_cache(uid, start).await else {
+            return false;
+        };
+        let record = record_from_status(&status);
+        let old = self.records.get(uid);
+        let events = diff(
+            uid,
+            old,
+            Some(&record).filter(|r| !r.sandboxes.is_empty() || !r.containers.is_empty()),
+        );
+        let changed = !events.is_empty()
+            || old.map(|o| (&o.sandboxes, &o.containers))
+                != Some((&record.sandboxes, &record.containers));
+        if record.sandboxes.is_empty() && record.containers.is_empty() {
+            self.records.remove(uid);
+        } else {
+            let mut record = record;
+            if let Some(o) = old {
+                record.name = o.name.clone();
+                record.namespace = o.namespace.clone();
+            }
+            self.records.insert(uid.clone(), record);
+        }
+        self.send(events);
+        self.metrics
+            .pleg_pod_relist_duration
+            .observe(start.elapsed().as_secs_f64());
+        changed
+    }
+
+    fn update_gauges(&self, pods: &BTreeMap<PodUid, RuntimePod>) {
+        let running = pods
+            .values()
+            .filter(|p| p.sandboxes.values().any(|r| *r))
+            .count();
+        self.metrics.running_pods.set(running as i64);
+        let mut counts: BTreeMap<&str, i64> = [
+            ("created", 0),
+            ("running", 0),
+            ("exited", 0),
+            ("unknown", 0),
+        ]
+        .into();
+        for state in pods.values().flat_map(|p| p.containers.values()) {
+            let key = match state {
+                State::Created => "created",
+                State::Running => "running",
+                State::Exited => "exited",
+                State::Unknown => "unknown",
+            };
+            *counts.entry(key).or_default() += 1;
+        }
+        for (state, n) in counts {
+            self.metrics
+                .running_containers
+                .get_or_create(&StateLabel {
+                    container_state: state.into(),
+                })
+                .set(n);
+        }
+    }
+
+    /// The pods of the last listing.
+    pub fn known_pods(&self) -> impl Iterator<Item = &PodUid> {
+        self.records.keys()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(containers: &[(&str, State)]) -> RuntimePod {
+        RuntimePod {
+            sandboxes: [("s1".to_owned(), true)].into(),
+            containers: containers
+                .iter()
+                .map(|(id, s)| ((*id).to_owned(), *s))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn kinds(events: &[PodLifecycleEvent]) -> Vec<(EventType, &str)> {
+        events.iter().map(|e| (e.kind, e.data.as_str())).collect()
+    }
+
+    #[test]
+    fn state_changes_map_to_upstream_events() {
+        let uid = PodUid::from("p");
+        let created = pod(&[("c1", State::Created)]);
+        let running = pod(&[("c1", State::Running)]);
+        let exited = pod(&[("c1", State::Exited)]);
+        let gone = pod(&[]);
+        assert_eq!(
+            kinds(&diff(&uid, None, Some(&created))),
+            [(EventType::ContainerStarted, "s1")],
+            "created is ContainerChanged: not sent"
+        );
+        assert_eq!(
+            kinds(&diff(&uid, Some(&created), Some(&running))),
+            [(EventType::ContainerStarted, "c1")]
+        );
+        assert_eq!(
+            kinds(&diff(&uid, Some(&running), Some(&exited))),
+            [(EventType::ContainerDied, "c1")]
+        );
+        assert_eq!(
+            kinds(&diff(&uid, Some(&exited), Some(&gone))),
+            [(EventType::ContainerRemoved, "c1")]
+        );
+        assert_eq!(
+            kinds(&diff(&uid, Some(&running), Some(&gone))),
+            [
+                (EventType::ContainerDied, "c1"),
+                (EventType::ContainerRemoved, "c1")
+            ]
+        );
+        assert!(diff(&uid, Some(&running), Some(&running)).is_empty());
+    }
+}

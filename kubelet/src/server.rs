@@ -1,0 +1,131 @@
+//! The local HTTP endpoint: `/healthz`, `/pods` (a `v1.PodList` with statuses),
+//! `/metrics` (Prometheus text).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use k8s_openapi::api::core::v1::Pod;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::pleg::Health;
+use crate::workers::PodWorkers;
+
+/// What the endpoint serves.
+#[derive(Debug)]
+pub struct Served {
+    /// Pod views.
+    pub workers: PodWorkers,
+    /// PLEG health.
+    pub health: Arc<Health>,
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// The active PLEG mode.
+    pub mode: std::sync::Mutex<String>,
+    /// Every pod source has reported.
+    pub sources_ready: AtomicBool,
+    /// Extra health checks (e.g. the runtime), by name: `Err` is unhealthy.
+    pub checks: std::sync::Mutex<Vec<(String, Result<(), String>)>>,
+}
+
+async fn healthz(State(s): State<Arc<Served>>) -> Response {
+    let mut lines = Vec::new();
+    let mut ok = true;
+    let mode = s.mode.lock().map(|m| m.clone()).unwrap_or_default();
+    match s.health.check() {
+        Ok(()) => lines.push(format!("[+]pleg ok (mode {mode})")),
+        Err(e) => {
+            ok = false;
+            lines.push(format!(
+                "[-]pleg failed: PLEG is not healthy: {e} (mode {mode})"
+            ));
+        }
+    }
+    for (name, check) in s.checks.lock().map(|c| c.clone()).unwrap_or_default() {
+        match check {
+            Ok(()) => lines.push(format!("[+]{name} ok")),
+            Err(e) => {
+                ok = false;
+                lines.push(format!("[-]{name} failed: {e}"));
+            }
+        }
+    }
+    let sources = if s.sources_ready.load(Ordering::Relaxed) {
+        "[+]sources ok"
+    } else {
+        "[+]sources waiting for first snapshot"
+    };
+    lines.push(sources.into());
+    lines.push(if ok {
+        "healthz check passed".into()
+    } else {
+        "healthz check failed".into()
+    });
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    (code, lines.join("\n") + "\n").into_response()
+}
+
+async fn pods(State(s): State<Arc<Served>>) -> Response {
+    let items: Vec<Pod> = s
+        .workers
+        .views()
+        .into_iter()
+        .map(|v| {
+            let mut pod = v.pod;
+            pod.status = Some(v.status);
+            pod
+        })
+        .collect();
+    let body = serde_json::json!({ "apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items });
+    axum::Json(body).into_response()
+}
+
+async fn metrics(State(s): State<Arc<Served>>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        s.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// The router (exposed for tests).
+pub fn router(served: Arc<Served>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/pods", get(pods))
+        .route("/metrics", get(metrics))
+        .with_state(served)
+}
+
+/// Binds `address` and serves until `shutdown`.
+///
+/// # Errors
+/// If the address cannot be bound (names it).
+pub async fn serve(
+    address: SocketAddr,
+    served: Arc<Served>,
+    shutdown: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, std::io::Error> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
+    tracing::info!(%address, "serving /healthz, /pods, /metrics");
+    Ok(tokio::spawn(async move {
+        let result = axum::serve(listener, router(served))
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(%e, "HTTP server failed");
+        }
+    }))
+}

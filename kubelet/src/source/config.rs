@@ -1,0 +1,194 @@
+//! `PodConfig`: merges the pod sources into one stream of ADD / UPDATE / REMOVE /
+//! RECONCILE updates, and tracks which sources have reported (`sourcesReady`).
+//!
+//! Every source sends whole snapshots; the merger diffs each against that
+//! source's previous snapshot (upstream's `PodConfigNotificationIncremental`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::pod::{self, PodUid, labels};
+
+/// A pod source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    /// The static manifest directory (`--pod-manifest-path`).
+    File,
+    /// The manifest URL (`--manifest-url`).
+    Http,
+    /// The API server (pods bound to this node).
+    Api,
+}
+
+impl Source {
+    /// The name used in annotations and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::File => "file",
+            Source::Http => "http",
+            Source::Api => "api",
+        }
+    }
+}
+
+/// What changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// New pods.
+    Add,
+    /// Pods whose spec (or labels, annotations, deletion) changed.
+    Update,
+    /// Pods gone from their source.
+    Remove,
+    /// Pods whose status alone changed (API pods).
+    Reconcile,
+}
+
+/// One update for the sync loop.
+#[derive(Debug, Clone)]
+pub struct PodUpdate {
+    /// What changed.
+    pub op: Op,
+    /// The pods it changed.
+    pub pods: Vec<Pod>,
+    /// Where they come from.
+    pub source: Source,
+}
+
+/// The merge state.
+#[derive(Debug)]
+pub struct PodConfig {
+    expected: BTreeSet<Source>,
+    seen: BTreeSet<Source>,
+    pods: BTreeMap<Source, BTreeMap<PodUid, Pod>>,
+}
+
+/// The parts of a pod whose change is an UPDATE (status-only is a RECONCILE).
+fn semantic(pod: &Pod) -> serde_json::Value {
+    let mut annotations = pod::annotations(pod);
+    annotations.remove(labels::CONFIG_SEEN);
+    serde_json::json!({
+        "spec": pod.spec,
+        "labels": pod.metadata.labels,
+        "annotations": annotations,
+        "deletionTimestamp": pod.metadata.deletion_timestamp,
+        "deletionGracePeriodSeconds": pod.metadata.deletion_grace_period_seconds,
+    })
+}
+
+impl PodConfig {
+    /// A merger that is ready once every source in `expected` has reported.
+    pub fn new(expected: impl IntoIterator<Item = Source>) -> Self {
+        Self {
+            expected: expected.into_iter().collect(),
+            seen: BTreeSet::new(),
+            pods: BTreeMap::new(),
+        }
+    }
+
+    /// True once every configured source has sent at least one snapshot.
+    pub fn sources_ready(&self) -> bool {
+        self.expected.is_subset(&self.seen)
+    }
+
+    /// Applies `source`'s full snapshot and returns the updates it implies.
+    pub fn merge(&mut self, source: Source, snapshot: Vec<Pod>) -> Vec<PodUpdate> {
+        self.seen.insert(source);
+        let old = self.pods.remove(&source).unwrap_or_default();
+        let mut new = BTreeMap::new();
+        for p in snapshot {
+            new.insert(pod::uid(&p), p);
+        }
+        let (mut adds, mut updates, mut removes, mut reconciles) = (vec![], vec![], vec![], vec![]);
+        for (uid, p) in &new {
+            match old.get(uid) {
+                None => adds.push(p.clone()),
+                Some(prev) if semantic(prev) != semantic(p) => updates.push(p.clone()),
+                Some(prev) if prev.status != p.status => reconciles.push(p.clone()),
+                Some(_) => {}
+            }
+        }
+        for (uid, p) in &old {
+            if !new.contains_key(uid) {
+                removes.push(p.clone());
+            }
+        }
+        self.pods.insert(source, new);
+        [
+            (Op::Add, adds),
+            (Op::Update, updates),
+            (Op::Remove, removes),
+            (Op::Reconcile, reconciles),
+        ]
+        .into_iter()
+        .filter(|(_, pods)| !pods.is_empty())
+        .map(|(op, pods)| PodUpdate { op, pods, source })
+        .collect()
+    }
+
+    /// Every pod of every source.
+    pub fn all(&self) -> Vec<Pod> {
+        self.pods
+            .values()
+            .flat_map(|m| m.values().cloned())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(uid: &str, image: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": uid, "uid": uid},
+            "spec": {"containers": [{"name": "c", "image": image}]}
+        }))
+        .expect("pod")
+    }
+
+    fn ops(updates: &[PodUpdate]) -> Vec<(Op, Vec<String>)> {
+        updates
+            .iter()
+            .map(|u| (u.op, u.pods.iter().map(|p| crate::pod::uid(p).0).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn snapshots_become_add_update_remove() {
+        let mut c = PodConfig::new([Source::File, Source::Http]);
+        assert_eq!(
+            ops(&c.merge(Source::File, vec![p("a", "i:1"), p("b", "i:1")])),
+            [(Op::Add, vec!["a".into(), "b".into()])]
+        );
+        assert!(!c.sources_ready(), "http has not reported yet");
+        assert!(c.merge(Source::Http, vec![]).is_empty());
+        assert!(c.sources_ready());
+        assert_eq!(
+            ops(&c.merge(Source::File, vec![p("a", "i:2"), p("c", "i:1")])),
+            [
+                (Op::Add, vec!["c".into()]),
+                (Op::Update, vec!["a".into()]),
+                (Op::Remove, vec!["b".into()])
+            ]
+        );
+        assert!(
+            c.merge(Source::File, vec![p("a", "i:2"), p("c", "i:1")])
+                .is_empty(),
+            "no change, no update"
+        );
+    }
+
+    #[test]
+    fn status_only_changes_are_reconciles() {
+        let mut c = PodConfig::new([Source::Api]);
+        c.merge(Source::Api, vec![p("a", "i:1")]);
+        let mut changed = p("a", "i:1");
+        changed.status = Some(Default::default());
+        assert_eq!(
+            ops(&c.merge(Source::Api, vec![changed])),
+            [(Op::Reconcile, vec!["a".into()])]
+        );
+    }
+}

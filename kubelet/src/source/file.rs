@@ -1,0 +1,229 @@
+//! The static manifest directory (or single file): inotify plus a periodic rescan.
+//!
+//! Every change (or every `period`) re-reads all manifests and sends a snapshot.
+//! A file that stops parsing keeps its last good pods (a typo must not kill a
+//! running static pod) and reports its errors; a deleted file removes its pods.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use notify::Watcher as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::manifest::{self, ManifestError, StaticKind};
+use super::{SourceMessage, config::Source};
+
+/// Reads a manifest directory (or a single manifest file).
+#[derive(Debug)]
+pub struct FileSource {
+    path: PathBuf,
+    node: String,
+    /// Last good pods per file.
+    good: BTreeMap<PathBuf, Vec<Pod>>,
+    /// Current errors per file (to log each change once).
+    errors: BTreeMap<PathBuf, Vec<ManifestError>>,
+}
+
+impl FileSource {
+    /// A source for `path` on node `node`.
+    pub fn new(path: PathBuf, node: String) -> Self {
+        Self {
+            path,
+            node,
+            good: BTreeMap::new(),
+            errors: BTreeMap::new(),
+        }
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        if self.path.is_file() {
+            return vec![self.path.clone()];
+        }
+        let Ok(entries) = std::fs::read_dir(&self.path) else {
+            return Vec::new();
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.path())
+            // Editors' and our own temp files: dotfiles, like upstream.
+            .filter(|p| {
+                !p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Re-reads every manifest; returns the snapshot and the errors that are new.
+    pub fn scan(&mut self) -> (Vec<Pod>, Vec<ManifestError>) {
+        let files = self.files();
+        self.good.retain(|f, _| files.contains(f));
+        self.errors.retain(|f, _| files.contains(f));
+        let mut new_errors = Vec::new();
+        for file in &files {
+            let origin = file.display().to_string();
+            let parsed = match std::fs::read_to_string(file) {
+                Ok(text) => manifest::parse(&text, &origin, StaticKind::File, &self.node),
+                Err(e) => manifest::Parsed {
+                    pods: vec![],
+                    errors: vec![ManifestError {
+                        origin: origin.clone(),
+                        pod: None,
+                        message: format!("cannot read: {e}"),
+                    }],
+                },
+            };
+            let previous = self.good.get(file).cloned().unwrap_or_default();
+            let mut pods = parsed.pods;
+            // A document that failed keeps its last good pod (matched by name).
+            for err in &parsed.errors {
+                let keep = previous.iter().filter(|p| {
+                    let base = crate::pod::key(p);
+                    err.pod
+                        .as_ref()
+                        .is_none_or(|name| base.starts_with(name.as_str()))
+                });
+                for p in keep {
+                    if !pods
+                        .iter()
+                        .any(|q| crate::pod::key(q) == crate::pod::key(p))
+                    {
+                        pods.push(p.clone());
+                    }
+                }
+            }
+            if self.errors.get(file) != Some(&parsed.errors) {
+                new_errors.extend(parsed.errors.iter().cloned());
+            }
+            self.errors.insert(file.clone(), parsed.errors);
+            self.good.insert(file.clone(), pods);
+        }
+        (self.good.values().flatten().cloned().collect(), new_errors)
+    }
+
+    /// Runs until `cancel`: watches with inotify and rescans every `period`.
+    pub async fn run(
+        mut self,
+        tx: mpsc::Sender<SourceMessage>,
+        period: Duration,
+        cancel: CancellationToken,
+    ) {
+        let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
+        let watch_dir = if self.path.is_dir() {
+            self.path.clone()
+        } else {
+            self.path
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
+        };
+        let watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+            let _ = wake_tx.try_send(());
+        });
+        let _watcher = match watcher {
+            Ok(mut w) => match w.watch(&watch_dir, notify::RecursiveMode::NonRecursive) {
+                Ok(()) => Some(w),
+                Err(err) => {
+                    tracing::warn!(path = %watch_dir.display(), %err, "cannot watch manifest directory; rescanning every {period:?} only");
+                    None
+                }
+            },
+            Err(err) => {
+                tracing::warn!(%err, "inotify unavailable; rescanning every {period:?} only");
+                None
+            }
+        };
+        let mut last: Option<Vec<Pod>> = None;
+        loop {
+            let (pods, errors) = self.scan();
+            for err in errors {
+                tracing::error!(source = "file", error = %err, "rejected static pod manifest");
+                let _ = tx.send(SourceMessage::Error(Source::File, err)).await;
+            }
+            if last.as_ref() != Some(&pods) {
+                last = Some(pods.clone());
+                if tx
+                    .send(SourceMessage::Snapshot(Source::File, pods))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+                Some(()) = wake_rx.recv() => {
+                    // Let a burst of writes (an editor's save) settle.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    while wake_rx.try_recv().is_ok() {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: app, image: evlet.local/test:v1}]\n";
+
+    #[test]
+    fn a_broken_edit_keeps_the_last_good_pod_and_a_fix_is_picked_up() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = dir.path().join("web.yaml");
+        std::fs::write(&file, POD).expect("write");
+        std::fs::write(dir.path().join("other.yaml"), POD.replace("web", "other")).expect("write");
+        let mut src = FileSource::new(dir.path().to_path_buf(), "n".into());
+        let (pods, errors) = src.scan();
+        assert_eq!((pods.len(), errors.len()), (2, 0));
+        let uid = pods
+            .iter()
+            .find(|p| crate::pod::name(p) == "web-n")
+            .and_then(|p| p.metadata.uid.clone());
+
+        std::fs::write(
+            &file,
+            POD.replace("image: evlet.local/test:v1", "image: ''"),
+        )
+        .expect("write");
+        let (pods, errors) = src.scan();
+        assert_eq!(pods.len(), 2, "the running pod is kept");
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].to_string().contains(
+                "web.yaml: pod \"default/web\": spec.containers[0].image: Required value"
+            ),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(
+            pods.iter()
+                .find(|p| crate::pod::name(p) == "web-n")
+                .and_then(|p| p.metadata.uid.clone()),
+            uid
+        );
+        assert!(
+            src.scan().1.is_empty(),
+            "an unchanged error is reported once"
+        );
+
+        std::fs::write(&file, POD.replace("test:v1", "test:v2")).expect("write");
+        let (pods, errors) = src.scan();
+        assert!(errors.is_empty());
+        let fixed = pods
+            .iter()
+            .find(|p| crate::pod::name(p) == "web-n")
+            .expect("web");
+        assert_ne!(fixed.metadata.uid, uid, "the fix is a new pod version");
+
+        std::fs::remove_file(&file).expect("rm");
+        assert_eq!(src.scan().0.len(), 1, "a removed file removes its pods");
+    }
+}

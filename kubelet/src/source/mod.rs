@@ -1,0 +1,25 @@
+//! Pod sources and their merge.
+//!
+//! * [`manifest`]: static pod manifests (parse, name, default, validate).
+//! * [`file`]: the manifest directory (inotify + periodic rescan).
+//! * [`http`]: the manifest URL (periodic).
+//! * [`config`]: `PodConfig`, the merge into ADD/UPDATE/REMOVE/RECONCILE.
+
+pub mod config;
+pub mod file;
+pub mod http;
+pub mod manifest;
+
+use k8s_openapi::api::core::v1::Pod;
+
+pub use config::{Op, PodConfig, PodUpdate, Source};
+pub use manifest::ManifestError;
+
+/// What a source tells the merger.
+#[derive(Debug)]
+pub enum SourceMessage {
+    /// The source's complete current set of pods.
+    Snapshot(Source, Vec<Pod>),
+    /// A manifest the source rejected (already logged).
+    Error(Source, ManifestError),
+}

@@ -1,0 +1,237 @@
+//! Container environment: `env` values, the downward API (`fieldRef`,
+//! `resourceFieldRef`), and `$(VAR)` expansion in commands and args.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::quantity;
+
+/// Field paths `fieldRef` supports (upstream's list for env vars).
+pub fn supported_field_path(path: &str) -> bool {
+    matches!(
+        path,
+        "metadata.name"
+            | "metadata.namespace"
+            | "metadata.uid"
+            | "spec.nodeName"
+            | "spec.serviceAccountName"
+            | "status.hostIP"
+            | "status.hostIPs"
+            | "status.podIP"
+            | "status.podIPs"
+    ) || path.starts_with("metadata.labels['")
+        || path.starts_with("metadata.annotations['")
+}
+
+/// Facts known only at run time.
+#[derive(Debug, Clone, Default)]
+pub struct Runtime<'a> {
+    /// The pod IP (the sandbox exists before containers start).
+    pub pod_ip: Option<&'a str>,
+    /// The node's IP.
+    pub host_ip: Option<&'a str>,
+}
+
+/// Why an env var could not be computed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("env var {name}: {message}")]
+pub struct EnvError {
+    /// The variable.
+    pub name: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn field(pod: &Pod, path: &str, rt: &Runtime<'_>) -> Option<String> {
+    let meta = &pod.metadata;
+    let keyed = |prefix: &str, map: &Option<BTreeMap<String, String>>| {
+        let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
+        Some(
+            map.as_ref()
+                .and_then(|m| m.get(key))
+                .cloned()
+                .unwrap_or_default(),
+        )
+    };
+    match path {
+        "metadata.name" => meta.name.clone(),
+        "metadata.namespace" => meta.namespace.clone(),
+        "metadata.uid" => meta.uid.clone(),
+        "spec.nodeName" => pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        "spec.serviceAccountName" => pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone()),
+        "status.hostIP" | "status.hostIPs" => rt.host_ip.map(str::to_owned),
+        "status.podIP" | "status.podIPs" => rt.pod_ip.map(str::to_owned),
+        p if p.starts_with("metadata.labels['") => keyed("metadata.labels['", &meta.labels),
+        p if p.starts_with("metadata.annotations['") => {
+            keyed("metadata.annotations['", &meta.annotations)
+        }
+        _ => None,
+    }
+}
+
+fn resource(c: &Container, resource: &str, divisor: Option<&str>) -> Result<String, String> {
+    let (kind, name) = resource
+        .split_once('.')
+        .ok_or_else(|| format!("unsupported resource {resource:?}"))?;
+    let res = c.resources.as_ref();
+    let list = match kind {
+        "limits" => res.and_then(|r| r.limits.as_ref()),
+        "requests" => res.and_then(|r| r.requests.as_ref()),
+        _ => return Err(format!("unsupported resource {resource:?}")),
+    };
+    let q = list.and_then(|l| l.get(name)).map(|q| q.0.as_str());
+    let cpu = name == "cpu";
+    let value = match q {
+        Some(q) if cpu => quantity::parse_milli(q).map_err(|e| e.to_string())?,
+        Some(q) => quantity::parse(q).map_err(|e| e.to_string())?,
+        // Upstream falls back to node allocatable for unset limits; report 0 here.
+        None => 0,
+    };
+    let div = match divisor {
+        Some(d) if cpu => quantity::parse_milli(d).map_err(|e| e.to_string())?,
+        Some(d) => quantity::parse(d).map_err(|e| e.to_string())?,
+        None if cpu => 1000,
+        None => 1,
+    };
+    if div == 0 {
+        return Err("divisor must not be 0".into());
+    }
+    Ok(((value + div - 1) / div).to_string())
+}
+
+/// The container's environment, in spec order, with `$(VAR)` references to
+/// earlier variables expanded (as upstream).
+///
+/// # Errors
+/// [`EnvError`] for a reference that needs the API server (ConfigMaps,
+/// Secrets) and is not optional, or an unsupported field.
+pub fn build(
+    pod: &Pod,
+    c: &Container,
+    rt: &Runtime<'_>,
+) -> Result<Vec<(String, String)>, EnvError> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for var in c.env.iter().flatten() {
+        let err = |message: String| EnvError {
+            name: var.name.clone(),
+            message,
+        };
+        let value = if let Some(from) = &var.value_from {
+            if let Some(f) = &from.field_ref {
+                field(pod, &f.field_path, rt)
+                    .ok_or_else(|| err(format!("unsupported fieldRef {:?}", f.field_path)))?
+            } else if let Some(r) = &from.resource_field_ref {
+                resource(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str())).map_err(err)?
+            } else if let Some(cm) = &from.config_map_key_ref {
+                if cm.optional == Some(true) {
+                    continue;
+                }
+                return Err(err(format!(
+                    "configMapKeyRef {}/{} needs the API server (not configured)",
+                    cm.name, cm.key
+                )));
+            } else if let Some(s) = &from.secret_key_ref {
+                if s.optional == Some(true) {
+                    continue;
+                }
+                return Err(err(format!(
+                    "secretKeyRef {}/{} needs the API server (not configured)",
+                    s.name, s.key
+                )));
+            } else {
+                String::new()
+            }
+        } else {
+            let map: BTreeMap<String, String> = out.iter().cloned().collect();
+            expand(var.value.as_deref().unwrap_or(""), &map)
+        };
+        out.retain(|(k, _)| k != &var.name);
+        out.push((var.name.clone(), value));
+    }
+    Ok(out)
+}
+
+/// Expands `$(VAR)` from `env`; `$$(VAR)` escapes; unknown references stay as written.
+pub fn expand(input: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(escaped) = after.strip_prefix('$') {
+            out.push('$');
+            rest = escaped;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            match env.get(name) {
+                Some(v) => out.push_str(v),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> Pod {
+        serde_yaml::from_str(
+            "metadata: {name: web, namespace: prod, uid: u-1, labels: {app: shop}}\nspec:\n  nodeName: n1\n  containers:\n  - name: app\n    image: i\n    resources: {limits: {cpu: 500m, memory: 64Mi}}\n    env:\n    - {name: A, value: one}\n    - {name: B, value: '$(A)-two $$(A) $(NOPE)'}\n    - name: POD\n      valueFrom: {fieldRef: {fieldPath: metadata.name}}\n    - name: APP\n      valueFrom: {fieldRef: {fieldPath: \"metadata.labels['app']\"}}\n    - name: IP\n      valueFrom: {fieldRef: {fieldPath: status.podIP}}\n    - name: MEM\n      valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: 1Mi}}\n    - name: CPU\n      valueFrom: {resourceFieldRef: {resource: limits.cpu}}\n",
+        )
+        .expect("pod")
+    }
+
+    #[test]
+    fn values_downward_api_and_expansion() {
+        let p = pod();
+        let c = &p.spec.as_ref().expect("spec").containers[0];
+        let env = build(
+            &p,
+            c,
+            &Runtime {
+                pod_ip: Some("10.0.0.7"),
+                host_ip: None,
+            },
+        )
+        .expect("env");
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("B"), Some("one-two $(A) $(NOPE)"));
+        assert_eq!(get("POD"), Some("web"));
+        assert_eq!(get("APP"), Some("shop"));
+        assert_eq!(get("IP"), Some("10.0.0.7"));
+        assert_eq!(get("MEM"), Some("64"));
+        assert_eq!(
+            get("CPU"),
+            Some("1"),
+            "cpu rounds up to whole cores by default"
+        );
+    }
+
+    #[test]
+    fn secret_refs_without_an_api_server_name_the_variable() {
+        let p: Pod = serde_yaml::from_str(
+            "metadata: {name: s}\nspec:\n  containers:\n  - name: app\n    image: i\n    env:\n    - name: PW\n      valueFrom: {secretKeyRef: {name: db, key: pw}}\n",
+        )
+        .expect("pod");
+        let c = &p.spec.as_ref().expect("spec").containers[0];
+        let err = build(&p, c, &Runtime::default()).expect_err("no API");
+        assert_eq!(err.name, "PW");
+    }
+}

@@ -1,0 +1,14 @@
+//! SyncPod and termination over CRI.
+//!
+//! * [`actions`]: what to do (pure).
+//! * [`spec`]: pod spec → CRI sandbox and container configs (pure).
+//! * [`env`]: environment and the downward API (pure).
+//! * [`syncer`]: [`Syncer`] carries the actions out (images, sandboxes,
+//!   containers, backoff) and terminates pods (preStop, SIGTERM, SIGKILL, removal).
+
+pub mod actions;
+pub mod env;
+pub mod spec;
+pub mod syncer;
+
+pub use syncer::{SyncOutcome, Syncer, Waiting};

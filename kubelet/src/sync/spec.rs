@@ -1,0 +1,533 @@
+//! Pod spec → CRI configs: the sandbox config (metadata, labels, log directory,
+//! cgroup parent, namespaces, host ports) and container configs (command, env,
+//! mounts, resources as cgroup settings, security context, labels).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use evlet_cri::api;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use sha2::{Digest as _, Sha256};
+
+use super::env;
+use crate::pod::{self, labels};
+use crate::quantity;
+use crate::runtime::Kind;
+
+/// Node-level facts the configs need.
+#[derive(Debug, Clone)]
+pub struct NodeContext {
+    /// The node's name.
+    pub node_name: String,
+    /// The agent's state directory (`--root-dir`).
+    pub root_dir: PathBuf,
+    /// Parent of every pod cgroup (cgroupfs path, e.g. `/kubepods`).
+    pub pods_cgroup: String,
+    /// The node's IP for `status.hostIP`.
+    pub host_ip: Option<String>,
+    /// Node memory capacity in bytes (for Burstable `oom_score_adj`).
+    pub memory_capacity: i64,
+}
+
+/// A pod's Quality of Service class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qos {
+    /// Every container has CPU and memory limits equal to its requests.
+    Guaranteed,
+    /// Some requests or limits.
+    Burstable,
+    /// No requests or limits at all.
+    BestEffort,
+}
+
+impl Qos {
+    /// The class name as in `status.qosClass`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Qos::Guaranteed => "Guaranteed",
+            Qos::Burstable => "Burstable",
+            Qos::BestEffort => "BestEffort",
+        }
+    }
+}
+
+fn resource_values(c: &Container, kind: &str) -> (Option<i64>, Option<i64>) {
+    let list = c.resources.as_ref().and_then(|r| {
+        if kind == "limits" {
+            r.limits.as_ref()
+        } else {
+            r.requests.as_ref()
+        }
+    });
+    let cpu = list
+        .and_then(|l| l.get("cpu"))
+        .and_then(|q| quantity::parse_milli(&q.0).ok());
+    let mem = list
+        .and_then(|l| l.get("memory"))
+        .and_then(|q| quantity::parse(&q.0).ok());
+    (cpu, mem)
+}
+
+/// Upstream's QoS classification (requests default to limits).
+pub fn qos(pod: &Pod) -> Qos {
+    let Some(spec) = &pod.spec else {
+        return Qos::BestEffort;
+    };
+    let all: Vec<&Container> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .collect();
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in all {
+        let (lc, lm) = resource_values(c, "limits");
+        let (rc, rm) = resource_values(c, "requests");
+        let (rc, rm) = (rc.or(lc), rm.or(lm));
+        any |= lc.is_some() || lm.is_some() || rc.is_some() || rm.is_some();
+        guaranteed &= lc.is_some() && lm.is_some() && rc == lc && rm == lm;
+    }
+    match (any, guaranteed) {
+        (false, _) => Qos::BestEffort,
+        (true, true) => Qos::Guaranteed,
+        (true, false) => Qos::Burstable,
+    }
+}
+
+/// The pod's cgroup (cgroupfs driver): `<pods>/pod<uid>` for Guaranteed,
+/// `<pods>/burstable/pod<uid>` and `<pods>/besteffort/pod<uid>` otherwise.
+pub fn pod_cgroup(node: &NodeContext, pod: &Pod) -> String {
+    let base = node.pods_cgroup.trim_end_matches('/');
+    let uid = pod::uid(pod);
+    match qos(pod) {
+        Qos::Guaranteed => format!("{base}/pod{uid}"),
+        Qos::Burstable => format!("{base}/burstable/pod{uid}"),
+        Qos::BestEffort => format!("{base}/besteffort/pod{uid}"),
+    }
+}
+
+/// `<root>/logs/pods/<namespace>_<name>_<uid>`, upstream's `/var/log/pods` layout.
+pub fn log_dir(node: &NodeContext, pod: &Pod) -> PathBuf {
+    node.root_dir.join("logs/pods").join(format!(
+        "{}_{}_{}",
+        pod::namespace(pod),
+        pod::name(pod),
+        pod::uid(pod)
+    ))
+}
+
+/// `<root>/pods/<uid>`: the pod's volumes and other state.
+pub fn pod_dir(node: &NodeContext, pod: &Pod) -> PathBuf {
+    node.root_dir.join("pods").join(pod::uid(pod).0)
+}
+
+/// Hash of a container spec; a running container whose hash differs is restarted.
+pub fn container_hash(c: &Container) -> String {
+    let bytes = serde_json::to_vec(c).unwrap_or_default();
+    hex::encode(&Sha256::digest(bytes)[..8])
+}
+
+fn pod_labels(pod: &Pod) -> HashMap<String, String> {
+    [
+        (labels::POD_NAME.to_owned(), pod::name(pod).to_owned()),
+        (
+            labels::POD_NAMESPACE.to_owned(),
+            pod::namespace(pod).to_owned(),
+        ),
+        (labels::POD_UID.to_owned(), pod::uid(pod).0),
+    ]
+    .into()
+}
+
+/// The sandbox config of attempt `attempt`.
+pub fn sandbox_config(node: &NodeContext, pod: &Pod, attempt: u32) -> api::PodSandboxConfig {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mut sandbox_labels: HashMap<String, String> = pod
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    sandbox_labels.extend(pod_labels(pod));
+    let hostname = spec
+        .hostname
+        .clone()
+        .unwrap_or_else(|| pod::name(pod).chars().take(63).collect());
+    let port_mappings = spec
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.is_some_and(|h| h > 0))
+        .map(|p| api::PortMapping {
+            protocol: match p.protocol.as_deref() {
+                Some("UDP") => api::Protocol::Udp as i32,
+                Some("SCTP") => api::Protocol::Sctp as i32,
+                _ => api::Protocol::Tcp as i32,
+            },
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or(0),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect();
+    let host_network = spec.host_network.unwrap_or(false);
+    let ns_mode = |host: bool| if host { api::NamespaceMode::Node } else { api::NamespaceMode::Pod } as i32;
+    let psc = spec.security_context.clone().unwrap_or_default();
+    api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: pod::name(pod).to_owned(),
+            uid: pod::uid(pod).0,
+            namespace: pod::namespace(pod).to_owned(),
+            attempt,
+        }),
+        hostname: if host_network {
+            String::new()
+        } else {
+            hostname
+        },
+        log_directory: log_dir(node, pod).display().to_string(),
+        port_mappings,
+        labels: sandbox_labels,
+        annotations: pod::annotations(pod).into_iter().collect(),
+        linux: Some(api::LinuxPodSandboxConfig {
+            cgroup_parent: pod_cgroup(node, pod),
+            security_context: Some(api::LinuxSandboxSecurityContext {
+                namespace_options: Some(api::NamespaceOption {
+                    network: ns_mode(host_network),
+                    pid: if spec.host_pid.unwrap_or(false) {
+                        api::NamespaceMode::Node
+                    } else {
+                        api::NamespaceMode::Container
+                    } as i32,
+                    ipc: ns_mode(spec.host_ipc.unwrap_or(false)),
+                    ..Default::default()
+                }),
+                run_as_user: psc.run_as_user.map(|v| api::Int64Value { value: v }),
+                run_as_group: psc.run_as_group.map(|v| api::Int64Value { value: v }),
+                supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+                ..Default::default()
+            }),
+            sysctls: psc
+                .sysctls
+                .iter()
+                .flatten()
+                .map(|s| (s.name.clone(), s.value.clone()))
+                .collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Linux resources of a container: CPU shares from requests, quota from limits,
+/// memory limit, and `oom_score_adj` by QoS (upstream's policy).
+pub fn linux_resources(
+    node: &NodeContext,
+    pod: &Pod,
+    c: &Container,
+) -> api::LinuxContainerResources {
+    const PERIOD: i64 = 100_000;
+    let (limit_cpu, limit_mem) = resource_values(c, "limits");
+    let (req_cpu, req_mem) = resource_values(c, "requests");
+    let req_cpu = req_cpu.or(limit_cpu);
+    let req_mem = req_mem.or(limit_mem);
+    let shares = req_cpu.map_or(2, |m| (m * 1024 / 1000).max(2));
+    let oom_score_adj = match qos(pod) {
+        Qos::Guaranteed => -997,
+        Qos::BestEffort => 1000,
+        Qos::Burstable => {
+            let cap = node.memory_capacity.max(1);
+            (1000 - 1000 * req_mem.unwrap_or(0) / cap).clamp(2, 999)
+        }
+    };
+    api::LinuxContainerResources {
+        cpu_period: if limit_cpu.is_some() { PERIOD } else { 0 },
+        cpu_quota: limit_cpu.map_or(0, |m| (m * PERIOD / 1000).max(1000)),
+        cpu_shares: shares,
+        memory_limit_in_bytes: limit_mem.unwrap_or(0),
+        oom_score_adj,
+        ..Default::default()
+    }
+}
+
+/// Host path of volume `name` for `pod`.
+pub fn volume_path(node: &NodeContext, pod: &Pod, name: &str) -> Option<PathBuf> {
+    let v = pod
+        .spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == name)?;
+    if let Some(hp) = &v.host_path {
+        return Some(PathBuf::from(&hp.path));
+    }
+    v.empty_dir.as_ref()?;
+    Some(
+        pod_dir(node, pod)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(name),
+    )
+}
+
+/// Creates the pod's emptyDir volumes.
+///
+/// # Errors
+/// The IO error with the directory it failed on.
+pub fn prepare_volumes(node: &NodeContext, pod: &Pod) -> Result<(), String> {
+    for v in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        if v.empty_dir.is_some()
+            && let Some(path) = volume_path(node, pod, &v.name)
+        {
+            std::fs::create_dir_all(&path)
+                .map_err(|e| format!("volume {}: {}: {e}", v.name, path.display()))?;
+        }
+        if let Some(hp) = &v.host_path
+            && hp.type_.as_deref() == Some("DirectoryOrCreate")
+        {
+            std::fs::create_dir_all(&hp.path)
+                .map_err(|e| format!("volume {}: {}: {e}", v.name, hp.path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Inputs of a container config beyond the spec.
+#[derive(Debug, Clone)]
+pub struct ContainerContext<'a> {
+    /// Init, sidecar or app.
+    pub kind: Kind,
+    /// The restart count this instance gets (also the CRI attempt).
+    pub restart_count: u32,
+    /// The pod IP (for the downward API).
+    pub pod_ip: Option<&'a str>,
+}
+
+/// The CRI config of one container instance.
+///
+/// # Errors
+/// An environment variable that cannot be computed (names the variable).
+pub fn container_config(
+    node: &NodeContext,
+    pod: &Pod,
+    c: &Container,
+    ctx: &ContainerContext<'_>,
+) -> Result<api::ContainerConfig, env::EnvError> {
+    let envs = env::build(
+        pod,
+        c,
+        &env::Runtime {
+            pod_ip: ctx.pod_ip,
+            host_ip: node.host_ip.as_deref(),
+        },
+    )?;
+    let env_map = envs.iter().cloned().collect();
+    let expand_all = |v: &Option<Vec<String>>| {
+        v.iter()
+            .flatten()
+            .map(|a| env::expand(a, &env_map))
+            .collect::<Vec<_>>()
+    };
+    let mut container_labels = pod_labels(pod);
+    container_labels.insert(labels::CONTAINER_NAME.into(), c.name.clone());
+    container_labels.insert(labels::CONTAINER_KIND.into(), ctx.kind.as_str().into());
+    let annotations: HashMap<String, String> = [
+        (labels::CONTAINER_HASH.to_owned(), container_hash(c)),
+        (
+            labels::RESTART_COUNT.to_owned(),
+            ctx.restart_count.to_string(),
+        ),
+        (
+            labels::GRACE_PERIOD.to_owned(),
+            pod::grace_period(pod).to_string(),
+        ),
+    ]
+    .into();
+    let mounts = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter_map(|m| {
+            let host = volume_path(node, pod, &m.name)?;
+            let host = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+                Some(sub) => host.join(sub),
+                None => host,
+            };
+            Some(api::Mount {
+                container_path: m.mount_path.clone(),
+                host_path: host.display().to_string(),
+                readonly: m.read_only.unwrap_or(false),
+                ..Default::default()
+            })
+        })
+        .collect();
+    let sc = c.security_context.clone().unwrap_or_default();
+    let psc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.clone())
+        .unwrap_or_default();
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let security = api::LinuxContainerSecurityContext {
+        capabilities: Some(api::Capability {
+            add_capabilities: caps.add.unwrap_or_default(),
+            drop_capabilities: caps.drop.unwrap_or_default(),
+            ..Default::default()
+        }),
+        privileged: sc.privileged.unwrap_or(false),
+        namespace_options: Some(api::NamespaceOption {
+            network: if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.host_network)
+                .unwrap_or(false)
+            {
+                api::NamespaceMode::Node
+            } else {
+                api::NamespaceMode::Pod
+            } as i32,
+            pid: if pod.spec.as_ref().and_then(|s| s.host_pid).unwrap_or(false) {
+                api::NamespaceMode::Node
+            } else {
+                api::NamespaceMode::Container
+            } as i32,
+            ipc: api::NamespaceMode::Pod as i32,
+            ..Default::default()
+        }),
+        run_as_user: sc
+            .run_as_user
+            .or(psc.run_as_user)
+            .map(|v| api::Int64Value { value: v }),
+        run_as_group: sc
+            .run_as_group
+            .or(psc.run_as_group)
+            .map(|v| api::Int64Value { value: v }),
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        supplemental_groups: psc.supplemental_groups.unwrap_or_default(),
+        no_new_privs: sc.allow_privilege_escalation == Some(false),
+        ..Default::default()
+    };
+    Ok(api::ContainerConfig {
+        metadata: Some(api::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: ctx.restart_count,
+        }),
+        image: Some(api::ImageSpec {
+            image: c.image.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        command: expand_all(&c.command),
+        args: expand_all(&c.args),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: envs
+            .into_iter()
+            .map(|(key, value)| api::KeyValue { key, value })
+            .collect(),
+        mounts,
+        labels: container_labels,
+        annotations,
+        log_path: format!("{}/{}.log", c.name, ctx.restart_count),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(api::LinuxContainerConfig {
+            resources: Some(linux_resources(node, pod, c)),
+            security_context: Some(security),
+        }),
+        ..Default::default()
+    })
+}
+
+/// The host path of a container instance's log.
+pub fn log_path(node: &NodeContext, pod: &Pod, name: &str, restart_count: u32) -> PathBuf {
+    log_dir(node, pod)
+        .join(name)
+        .join(format!("{restart_count}.log"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> NodeContext {
+        NodeContext {
+            node_name: "n1".into(),
+            root_dir: PathBuf::from("/var/lib/evlet"),
+            pods_cgroup: "/kubepods".into(),
+            host_ip: Some("192.0.2.1".into()),
+            memory_capacity: 8 << 30,
+        }
+    }
+
+    fn pod(resources: &str) -> Pod {
+        serde_yaml::from_str(&format!(
+            "metadata: {{name: web, namespace: prod, uid: u1}}\nspec:\n  containers:\n  - name: app\n    image: i:1\n    command: [sh, -c]\n    args: ['echo $(GREETING)']\n    env: [{{name: GREETING, value: hi}}]\n    ports: [{{containerPort: 80, hostPort: 8080}}]\n    resources: {resources}\n"
+        ))
+        .expect("pod")
+    }
+
+    #[test]
+    fn qos_classes_and_cgroup_parents() {
+        let g = pod("{limits: {cpu: 500m, memory: 64Mi}}");
+        assert_eq!(qos(&g), Qos::Guaranteed);
+        assert_eq!(pod_cgroup(&node(), &g), "/kubepods/podu1");
+        let b = pod("{requests: {memory: 64Mi}}");
+        assert_eq!(qos(&b), Qos::Burstable);
+        assert_eq!(pod_cgroup(&node(), &b), "/kubepods/burstable/podu1");
+        assert_eq!(qos(&pod("{}")), Qos::BestEffort);
+    }
+
+    #[test]
+    fn resources_become_cgroup_settings() {
+        let p = pod("{limits: {cpu: 500m, memory: 64Mi}}");
+        let c = &p.spec.as_ref().expect("spec").containers[0];
+        let r = linux_resources(&node(), &p, c);
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_period,
+                r.cpu_quota,
+                r.memory_limit_in_bytes
+            ),
+            (512, 100_000, 50_000, 64 << 20)
+        );
+        assert_eq!(r.oom_score_adj, -997);
+        let be = pod("{}");
+        let r = linux_resources(&node(), &be, &be.spec.as_ref().expect("spec").containers[0]);
+        assert_eq!((r.cpu_shares, r.cpu_quota, r.oom_score_adj), (2, 0, 1000));
+    }
+
+    #[test]
+    fn container_config_carries_labels_log_path_and_expanded_args() {
+        let p = pod("{}");
+        let c = &p.spec.as_ref().expect("spec").containers[0];
+        let cfg = container_config(
+            &node(),
+            &p,
+            c,
+            &ContainerContext {
+                kind: Kind::App,
+                restart_count: 2,
+                pod_ip: None,
+            },
+        )
+        .expect("config");
+        assert_eq!(cfg.args, ["echo hi"]);
+        assert_eq!(cfg.log_path, "app/2.log");
+        assert_eq!(cfg.metadata.map(|m| m.attempt), Some(2));
+        assert_eq!(cfg.labels[labels::POD_UID], "u1");
+        assert_eq!(cfg.annotations[labels::RESTART_COUNT], "2");
+        let sandbox = sandbox_config(&node(), &p, 0);
+        assert_eq!(
+            sandbox.log_directory,
+            "/var/lib/evlet/logs/pods/prod_web_u1"
+        );
+        assert_eq!(sandbox.port_mappings[0].host_port, 8080);
+    }
+}

@@ -1,0 +1,405 @@
+//! Pod workers: one task per pod UID, serial per pod, coalescing updates.
+//!
+//! A worker's life is a small state machine ([`Phase`]): `Sync` (SyncPod until
+//! the pod is deleted) → `Terminating` (stop containers within the grace period)
+//! → `Terminated` (remove containers, sandboxes, volumes, cgroups) → done.
+//! Before every sync it waits until the pod cache is newer than its previous
+//! sync, so it never acts twice on a state that predates its own actions
+//! (upstream's `GetNewerThan`; the duplicate-container bug of Evented PLEG).
+//! A kill cancels an in-flight sync. Only the newest pending update is kept.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus as V1PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::PodCache;
+use crate::metrics::Metrics;
+use crate::pod::{self, PodUid};
+use crate::runtime::PodStatus;
+use crate::status;
+use crate::sync::{SyncOutcome, Syncer, Waiting};
+
+/// Upstream's `syncFrequency`: a pod with nothing to do is synced this often (±50 %).
+pub const RESYNC: Duration = Duration::from_secs(60);
+/// Upstream's `backOffPeriod` for sync errors.
+pub const ERROR_BACKOFF: Duration = Duration::from_secs(10);
+
+/// What an update asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateKind {
+    /// The pod is new or its spec changed, or something happened to it: sync.
+    Sync,
+    /// The pod must stop: terminate with this grace period (None: the pod's own).
+    Kill(Option<i64>),
+}
+
+/// A worker's phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Running SyncPod.
+    Sync,
+    /// Stopping containers within the grace period.
+    Terminating(Option<i64>),
+    /// Removing what is left.
+    Terminated,
+}
+
+#[derive(Debug)]
+struct Pending {
+    pod: Pod,
+    kill: Option<Option<i64>>,
+}
+
+#[derive(Debug)]
+struct Handle {
+    pending: Arc<Mutex<Option<Pending>>>,
+    wake: Arc<Notify>,
+    /// Cancels the in-flight sync (not termination).
+    cancel_sync: Arc<Mutex<CancellationToken>>,
+    phase: Arc<Mutex<Phase>>,
+}
+
+/// The computed status of a pod as workers last saw it.
+#[derive(Debug, Clone)]
+pub struct PodView {
+    /// The pod spec the worker works on.
+    pub pod: Pod,
+    /// The computed status.
+    pub status: V1PodStatus,
+    /// The worker's phase.
+    pub phase: Phase,
+}
+
+/// Shared by all workers.
+#[derive(Debug)]
+struct Shared {
+    syncer: Arc<Syncer>,
+    cache: PodCache,
+    metrics: Arc<Metrics>,
+    workers: Mutex<HashMap<PodUid, Handle>>,
+    views: Mutex<BTreeMap<PodUid, PodView>>,
+    /// Told when a worker finished (its pod fully removed).
+    done: mpsc::UnboundedSender<PodUid>,
+    /// Told after a sync that made runtime calls (the PLEG relists the pod then).
+    synced: Option<mpsc::UnboundedSender<SyncNotice>>,
+    shutdown: CancellationToken,
+}
+
+/// A worker's sync began or ended (for the PLEG's per-pod relist suspension).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyncNotice {
+    /// SyncPod (or termination) started for the pod.
+    Started(PodUid),
+    /// It ended; `changed` if it made runtime calls.
+    Finished(PodUid, bool),
+}
+
+/// The set of pod workers.
+#[derive(Debug, Clone)]
+pub struct PodWorkers {
+    shared: Arc<Shared>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn now_time() -> Time {
+    status::now()
+}
+
+impl PodWorkers {
+    /// Workers syncing through `syncer`, reading `cache`. Finished pods are
+    /// reported on `done`; sync starts/ends on `synced` if given.
+    pub fn new(
+        syncer: Arc<Syncer>,
+        cache: PodCache,
+        metrics: Arc<Metrics>,
+        done: mpsc::UnboundedSender<PodUid>,
+        synced: Option<mpsc::UnboundedSender<SyncNotice>>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                syncer,
+                cache,
+                metrics,
+                workers: Mutex::new(HashMap::new()),
+                views: Mutex::new(BTreeMap::new()),
+                done,
+                synced,
+                shutdown,
+            }),
+        }
+    }
+
+    /// Queues an update for `pod`'s worker, starting the worker if needed.
+    /// A kill cancels an in-flight sync; a later sync never undoes a kill.
+    pub fn update(&self, pod: Pod, kind: UpdateKind) {
+        let uid = pod::uid(&pod);
+        let mut workers = lock(&self.shared.workers);
+        let handle = workers.entry(uid.clone()).or_insert_with(|| {
+            let handle = Handle {
+                pending: Arc::new(Mutex::new(None)),
+                wake: Arc::new(Notify::new()),
+                cancel_sync: Arc::new(Mutex::new(CancellationToken::new())),
+                phase: Arc::new(Mutex::new(Phase::Sync)),
+            };
+            let worker = Worker {
+                uid: uid.clone(),
+                shared: Arc::clone(&self.shared),
+                pending: Arc::clone(&handle.pending),
+                wake: Arc::clone(&handle.wake),
+                cancel_sync: Arc::clone(&handle.cancel_sync),
+                phase: Arc::clone(&handle.phase),
+            };
+            tokio::spawn(worker.run());
+            handle
+        });
+        {
+            let mut pending = lock(&handle.pending);
+            let kill = match (kind, pending.as_ref().and_then(|p| p.kill)) {
+                (UpdateKind::Kill(g), Some(prev)) => Some(match (g, prev) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }),
+                (UpdateKind::Kill(g), None) => Some(g),
+                (UpdateKind::Sync, prev) => prev,
+            };
+            *pending = Some(Pending { pod, kill });
+        }
+        if matches!(kind, UpdateKind::Kill(_)) {
+            lock(&handle.cancel_sync).cancel();
+        }
+        handle.wake.notify_one();
+    }
+
+    /// Does a worker exist for `uid`?
+    pub fn has(&self, uid: &PodUid) -> bool {
+        lock(&self.shared.workers).contains_key(uid)
+    }
+
+    /// Every pod with a worker (or a view) and its computed status.
+    pub fn views(&self) -> Vec<PodView> {
+        lock(&self.shared.views).values().cloned().collect()
+    }
+
+    /// The view of one pod.
+    pub fn view(&self, uid: &PodUid) -> Option<PodView> {
+        lock(&self.shared.views).get(uid).cloned()
+    }
+
+    /// Forgets a finished worker (called by the sync loop on a `done` message).
+    pub fn forget(&self, uid: &PodUid) {
+        lock(&self.shared.workers).remove(uid);
+        lock(&self.shared.views).remove(uid);
+    }
+}
+
+struct Worker {
+    uid: PodUid,
+    shared: Arc<Shared>,
+    pending: Arc<Mutex<Option<Pending>>>,
+    wake: Arc<Notify>,
+    cancel_sync: Arc<Mutex<CancellationToken>>,
+    phase: Arc<Mutex<Phase>>,
+}
+
+impl Worker {
+    fn take(&self) -> Option<Pending> {
+        lock(&self.pending).take()
+    }
+
+    fn notice(&self, n: SyncNotice) {
+        if let Some(tx) = &self.shared.synced {
+            let _ = tx.send(n);
+        }
+    }
+
+    fn publish(&self, pod: &Pod, runtime: &PodStatus, extra: &status::Extra<'_>, phase: Phase) {
+        let computed = status::compute(pod, runtime, extra);
+        lock(&self.shared.views).insert(
+            self.uid.clone(),
+            PodView {
+                pod: pod.clone(),
+                status: computed,
+                phase,
+            },
+        );
+    }
+
+    /// Waits for a cache entry newer than `since`, unless shutting down.
+    async fn fresh(&self, since: Instant) -> Option<PodStatus> {
+        tokio::select! {
+            () = self.shared.shutdown.cancelled() => None,
+            entry = self.shared.cache.newer_than(&self.uid, since) => Some(match entry.status {
+                Ok(s) => (*s).clone(),
+                Err(e) => {
+                    tracing::warn!(pod = %self.uid, error = %e, "pod cache has an error; syncing with an empty status");
+                    PodStatus::empty(self.uid.clone())
+                }
+            }),
+        }
+    }
+
+    async fn run(self) {
+        let mut pod: Option<Pod> = None;
+        let mut last_sync: Option<Instant> = None;
+        let mut next_resync: Option<Instant> = None;
+        let mut waiting: BTreeMap<String, Waiting> = BTreeMap::new();
+        let mut failed = false;
+        let start_time = now_time();
+        let host_ip = self.shared.syncer.node().host_ip.clone();
+        // Set when the current phase must run without waiting (a phase changed).
+        let mut run_now = false;
+        loop {
+            if let Some(p) = self.take() {
+                if let Some(grace) = p.kill {
+                    let mut phase = lock(&self.phase);
+                    if *phase == Phase::Sync {
+                        *phase = Phase::Terminating(grace);
+                    }
+                }
+                pod = Some(p.pod);
+            } else if !run_now {
+                // Wait for an update or the resync timer.
+                let sleep = async {
+                    match next_resync {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = self.shared.shutdown.cancelled() => return,
+                    () = self.wake.notified() => continue,
+                    () = sleep => {}
+                }
+            }
+            run_now = false;
+            let Some(current) = pod.clone() else { continue };
+            let phase = *lock(&self.phase);
+            match phase {
+                Phase::Sync => {
+                    let since =
+                        last_sync.unwrap_or_else(|| Instant::now() - Duration::from_millis(1));
+                    let Some(runtime) = self.fresh(since).await else {
+                        return;
+                    };
+                    // Take a kill that arrived while waiting before syncing.
+                    if lock(&self.pending)
+                        .as_ref()
+                        .is_some_and(|p| p.kill.is_some())
+                    {
+                        continue;
+                    }
+                    let token = {
+                        let mut t = lock(&self.cancel_sync);
+                        *t = CancellationToken::new();
+                        t.clone()
+                    };
+                    let started = Instant::now();
+                    self.notice(SyncNotice::Started(self.uid.clone()));
+                    let result = self
+                        .shared
+                        .syncer
+                        .sync_pod(&current, &runtime, &token)
+                        .await;
+                    last_sync = Some(started);
+                    self.shared
+                        .metrics
+                        .pod_worker_duration
+                        .observe(started.elapsed().as_secs_f64());
+                    let (delay, changed) = match result {
+                        Ok(SyncOutcome {
+                            waiting: w,
+                            retry_after,
+                            changed,
+                            failed: f,
+                        }) => {
+                            waiting = w;
+                            failed |= f;
+                            let jitter = RESYNC.mul_f64(0.5 + fastrand::f64());
+                            (retry_after.map_or(jitter, |r| r.min(jitter)), changed)
+                        }
+                        Err(e) => {
+                            tracing::warn!(pod = %pod::key(&current), error = %e, "sync failed; retrying");
+                            (ERROR_BACKOFF.mul_f64(0.5 + fastrand::f64() * 0.5), true)
+                        }
+                    };
+                    self.notice(SyncNotice::Finished(self.uid.clone(), changed));
+                    next_resync = Some(Instant::now() + delay);
+                    let extra = status::Extra {
+                        waiting: Some(&waiting),
+                        start_time: Some(start_time.clone()),
+                        host_ip: host_ip.as_deref(),
+                        failed,
+                        rejected: None,
+                    };
+                    // The status reflects the cache as the sync saw it; the next
+                    // relist's event triggers a sync that refreshes it.
+                    self.publish(&current, &runtime, &extra, Phase::Sync);
+                }
+                Phase::Terminating(grace) => {
+                    let since =
+                        last_sync.unwrap_or_else(|| Instant::now() - Duration::from_millis(1));
+                    let Some(runtime) = self.fresh(since).await else {
+                        return;
+                    };
+                    self.notice(SyncNotice::Started(self.uid.clone()));
+                    let started = Instant::now();
+                    let result = self.shared.syncer.kill_pod(&current, &runtime, grace).await;
+                    self.notice(SyncNotice::Finished(self.uid.clone(), true));
+                    last_sync = Some(started);
+                    match result {
+                        Ok(()) => {
+                            tracing::info!(pod = %pod::key(&current), "pod terminated");
+                            *lock(&self.phase) = Phase::Terminated;
+                            run_now = true;
+                        }
+                        Err(e) => {
+                            tracing::warn!(pod = %pod::key(&current), error = %e, "terminating pod failed; retrying");
+                            next_resync = Some(Instant::now() + Duration::from_secs(1));
+                        }
+                    }
+                    let extra = status::Extra {
+                        waiting: None,
+                        start_time: Some(start_time.clone()),
+                        host_ip: host_ip.as_deref(),
+                        failed,
+                        rejected: None,
+                    };
+                    self.publish(&current, &runtime, &extra, *lock(&self.phase));
+                }
+                Phase::Terminated => {
+                    let since =
+                        last_sync.unwrap_or_else(|| Instant::now() - Duration::from_millis(1));
+                    let Some(runtime) = self.fresh(since).await else {
+                        return;
+                    };
+                    self.notice(SyncNotice::Started(self.uid.clone()));
+                    let started = Instant::now();
+                    let result = self.shared.syncer.remove_pod(&current, &runtime).await;
+                    self.notice(SyncNotice::Finished(self.uid.clone(), true));
+                    last_sync = Some(started);
+                    match result {
+                        Ok(()) => {
+                            tracing::info!(pod = %pod::key(&current), "pod removed");
+                            let _ = self.shared.done.send(self.uid.clone());
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(pod = %pod::key(&current), error = %e, "removing pod failed; retrying");
+                            next_resync = Some(Instant::now() + Duration::from_secs(1));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
