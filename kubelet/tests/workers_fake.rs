@@ -1,0 +1,255 @@
+//! The pod worker state machine over the fake CRI runtime, with the generic
+//! relist every 20 ms: fast, unprivileged tests of sync, ordering, duplicate
+//! avoidance, and kill-during-sync.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use evlet::cache;
+use evlet::metrics::Metrics;
+use evlet::pleg::relist::Relister;
+use evlet::pleg::{Health, generic};
+use evlet::pod::PodUid;
+use evlet::runtime::Runtime;
+use evlet::sync::Syncer;
+use evlet::sync::spec::NodeContext;
+use evlet::workers::{PodWorkers, UpdateKind};
+use evlet_cri::fake::{FakeServer, Fault};
+use evlet_cri::{Options, RuntimeClient};
+use evlet_testkit::{eventually, within};
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const IMAGE: &str = "evlet.local/test:v1";
+
+struct Rig {
+    server: FakeServer,
+    workers: PodWorkers,
+    done: mpsc::UnboundedReceiver<PodUid>,
+    /// The pods the mini sync loop knows.
+    pods: Arc<std::sync::Mutex<Vec<Pod>>>,
+    shutdown: CancellationToken,
+    _root: tempfile::TempDir,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn rig() -> Rig {
+    let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
+    let client = RuntimeClient::connect(&server.endpoint(), Options::default()).expect("endpoint");
+    let root = tempfile::tempdir().expect("root");
+    let metrics = Arc::new(Metrics::new());
+    let (writer, reader) = cache::new();
+    let (events, mut events_rx) = mpsc::channel(1000);
+    let shutdown = CancellationToken::new();
+    let relister = Relister::new(
+        Runtime::new(client.clone()),
+        writer,
+        events,
+        Arc::clone(&metrics),
+        Arc::new(Health::default()),
+    );
+    tokio::spawn(generic::run(
+        relister,
+        Duration::from_millis(20),
+        shutdown.clone(),
+    ));
+    let node = NodeContext {
+        node_name: "n".into(),
+        root_dir: root.path().to_path_buf(),
+        pods_cgroup: "/evlet-fake/kubepods".into(),
+        host_ip: None,
+        memory_capacity: 1 << 30,
+    };
+    let (done_tx, done) = mpsc::unbounded_channel();
+    let workers = PodWorkers::new(
+        Arc::new(Syncer::new(client, node)),
+        reader,
+        metrics,
+        done_tx,
+        None,
+        shutdown.clone(),
+    );
+    // A minimal sync loop: every PLEG event wakes the pod's worker.
+    let w = workers.clone();
+    let pods: Arc<std::sync::Mutex<Vec<Pod>>> = Arc::default();
+    let known = Arc::clone(&pods);
+    tokio::spawn(async move {
+        while let Some(e) = events_rx.recv().await {
+            let pod = known
+                .lock()
+                .expect("pods")
+                .iter()
+                .find(|p| p.metadata.uid.as_deref() == Some(&e.uid.0))
+                .cloned();
+            if let Some(p) = pod {
+                w.update(p, UpdateKind::Sync);
+            }
+        }
+    });
+    Rig {
+        server,
+        workers,
+        done,
+        pods,
+        shutdown,
+        _root: root,
+    }
+}
+
+/// Registers `pod` with the mini sync loop and sends its first update.
+fn add(rig: &Rig, pod: &Pod) {
+    rig.pods.lock().expect("pods").push(pod.clone());
+    rig.workers.update(pod.clone(), UpdateKind::Sync);
+}
+
+fn pod(uid: &str, yaml_containers: &str) -> Pod {
+    serde_yaml::from_str(&format!("metadata: {{name: {uid}, namespace: default, uid: {uid}}}\nspec:\n  terminationGracePeriodSeconds: 1\n{yaml_containers}")).expect("pod")
+}
+
+fn phase(rig: &Rig, uid: &str) -> Option<String> {
+    rig.workers
+        .view(&PodUid::from(uid))
+        .and_then(|v| v.status.phase)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_updates_create_each_container_once() {
+    let rig = rig().await;
+    let p = pod(
+        "dup",
+        &format!(
+            "  containers:\n  - {{name: a, image: {IMAGE}}}\n  - {{name: b, image: {IMAGE}}}\n"
+        ),
+    );
+    add(&rig, &p);
+    for _ in 0..20 {
+        rig.workers.update(p.clone(), UpdateKind::Sync);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eventually(Duration::from_secs(10), "Running", || async {
+        (phase(&rig, "dup").as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rt = rig.server.runtime();
+    assert_eq!(
+        (
+            rt.calls("RunPodSandbox"),
+            rt.calls("CreateContainer"),
+            rt.calls("StartContainer")
+        ),
+        (1, 2, 2)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn init_containers_finish_before_app_containers_start() {
+    let rig = rig().await;
+    let p = pod(
+        "ordered",
+        &format!(
+            "  initContainers:\n  - name: i1\n    image: {IMAGE}\n    env: [{{name: FAKE_EXIT_CODE, value: '0'}}, {{name: FAKE_RUN_MS, value: '100'}}]\n  - name: i2\n    image: {IMAGE}\n    env: [{{name: FAKE_EXIT_CODE, value: '0'}}, {{name: FAKE_RUN_MS, value: '50'}}]\n  containers:\n  - {{name: app, image: {IMAGE}}}\n"
+        ),
+    );
+    add(&rig, &p);
+    eventually(Duration::from_secs(10), "Running", || async {
+        (phase(&rig, "ordered").as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let state = rig.server.runtime().snapshot();
+    let by_name = |n: &str| {
+        state
+            .containers
+            .values()
+            .find(|c| c.config.metadata.as_ref().is_some_and(|m| m.name == n))
+            .cloned()
+            .expect(n)
+    };
+    let (i1, i2, app) = (by_name("i1"), by_name("i2"), by_name("app"));
+    assert!(
+        i1.finished_at <= i2.created_at,
+        "i2 was created after i1 finished"
+    );
+    assert!(
+        i2.finished_at <= app.created_at,
+        "app was created after i2 finished"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_during_a_slow_sync_terminates_and_removes_everything() {
+    let mut rig = rig().await;
+    rig.server.runtime().inject(
+        "CreateContainer",
+        Fault::Delay(Duration::from_millis(400)),
+        None,
+    );
+    let p = pod(
+        "slow",
+        &format!(
+            "  containers:\n  - {{name: a, image: {IMAGE}}}\n  - {{name: b, image: {IMAGE}}}\n"
+        ),
+    );
+    add(&rig, &p);
+    eventually(
+        Duration::from_secs(5),
+        "the sync to be creating containers",
+        || async { (rig.server.runtime().calls("CreateContainer") >= 1).then_some(()) },
+    )
+    .await;
+    rig.workers.update(p.clone(), UpdateKind::Kill(Some(1)));
+    let uid = within(
+        Duration::from_secs(20),
+        "the worker to finish",
+        rig.done.recv(),
+    )
+    .await
+    .expect("done");
+    assert_eq!(uid, PodUid::from("slow"));
+    let state = rig.server.runtime().snapshot();
+    assert!(
+        state.sandboxes.is_empty() && state.containers.is_empty(),
+        "{state:?}"
+    );
+    assert!(
+        rig.server.runtime().calls("CreateContainer") < 2,
+        "the cancelled sync did not go on to create the second container"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_completed_pod_succeeds_and_its_sandbox_stops() {
+    let rig = rig().await;
+    let p = pod(
+        "job",
+        &format!(
+            "  restartPolicy: OnFailure\n  containers:\n  - name: run\n    image: {IMAGE}\n    env: [{{name: FAKE_EXIT_CODE, value: '0'}}, {{name: FAKE_RUN_MS, value: '50'}}]\n"
+        ),
+    );
+    add(&rig, &p);
+    eventually(Duration::from_secs(10), "Succeeded", || async {
+        (phase(&rig, "job").as_deref() == Some("Succeeded")).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(5), "sandbox stopped", || async {
+        rig.server
+            .runtime()
+            .snapshot()
+            .sandboxes
+            .values()
+            .all(|s| s.state == evlet_cri::api::PodSandboxState::SandboxNotready)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        rig.server.runtime().calls("CreateContainer"),
+        1,
+        "a succeeded container under OnFailure is not restarted"
+    );
+}
