@@ -59,6 +59,7 @@ const SENTINEL: &str = "init: ";
 
 /// Options of `cargo xtask vm-test`.
 #[derive(Debug, Clone, clap::Args)]
+#[group(id = "vm-test")]
 pub struct Options {
     /// Kernel lines to boot.
     #[arg(long, value_delimiter = ',', default_values = ["5.10", "6.1", "6.12", "sid"])]
