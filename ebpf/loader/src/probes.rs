@@ -75,6 +75,8 @@ pub struct Probes {
     watched: HashMap<MapData, u64, u32>,
     lost: Arc<PerCpuArray<MapData, u64>>,
     events: Option<RingBuf<MapData>>,
+    /// Kernel ID of the ring buffer, to open it again after a reader died.
+    events_id: u32,
     hooks: Vec<Hook>,
 }
 
@@ -230,11 +232,19 @@ impl Probes {
                     map: LOST_MAP,
                     source,
                 })?;
-        let events = RingBuf::try_from(
-            ebpf.take_map(EVENTS_MAP)
-                .ok_or(Error::MissingMap(EVENTS_MAP))?,
-        )
-        .map_err(|source| Error::Map {
+        let events_map = ebpf
+            .take_map(EVENTS_MAP)
+            .ok_or(Error::MissingMap(EVENTS_MAP))?;
+        let events_id = match &events_map {
+            aya::maps::Map::RingBuf(data) => {
+                data.info().map(|i| i.id()).map_err(|source| Error::Map {
+                    map: EVENTS_MAP,
+                    source,
+                })?
+            }
+            _ => 0,
+        };
+        let events = RingBuf::try_from(events_map).map_err(|source| Error::Map {
             map: EVENTS_MAP,
             source,
         })?;
@@ -248,6 +258,7 @@ impl Probes {
             watched,
             lost: Arc::new(lost),
             events: Some(events),
+            events_id,
             hooks,
         })
     }
@@ -264,6 +275,25 @@ impl Probes {
     pub fn take_events(&mut self) -> Option<std::io::Result<EventReader>> {
         let ring = self.events.take()?;
         Some(EventReader::new(ring, Arc::clone(&self.lost)))
+    }
+
+    /// Opens the ring buffer again (a new reader after the previous one was
+    /// dropped, e.g. its task died). Records produced meanwhile are still there,
+    /// unless the buffer filled up (then the loss counter says so).
+    ///
+    /// # Errors
+    /// If the map cannot be opened or registered with the runtime.
+    pub fn reopen_events(&self) -> Result<EventReader, Error> {
+        let data = MapData::from_id(self.events_id).map_err(|source| Error::Map {
+            map: EVENTS_MAP,
+            source,
+        })?;
+        let ring =
+            RingBuf::try_from(aya::maps::Map::RingBuf(data)).map_err(|source| Error::Map {
+                map: EVENTS_MAP,
+                source,
+            })?;
+        EventReader::new(ring, Arc::clone(&self.lost)).map_err(|e| Error::io(EVENTS_MAP, e))
     }
 
     /// Starts forwarding the programs' `aya-log` records to `tracing`.
