@@ -62,8 +62,14 @@ async fn exec_sync_returns_output_and_exit_code() {
     case("exec_sync_returns_output_and_exit_code", |c| async move {
         let sandbox = c.sandbox("exec").await;
         let id = c.start(&sandbox, "exec", "app", "sleep 3600").await;
-        let pid = c.client.container_pid(&id).await.expect("verbose status").expect("containerd reports the init pid");
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).expect("the pid is a live host process");
+        let pid = c
+            .client
+            .container_pid(&id)
+            .await
+            .expect("verbose status")
+            .expect("containerd reports the init pid");
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .expect("the pid is a live host process");
         assert_eq!(comm.trim(), "sleep");
         let out = c
             .client
