@@ -295,6 +295,15 @@ struct Boot {
     success: bool,
     problem: Option<String>,
     elapsed: Duration,
+    /// Booted a second time because the first boot died before any test ran.
+    retried: bool,
+}
+
+/// The last `n` lines of a log file, for failure reports.
+fn tail(log: &Path, n: usize) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 const PANICS: [&str; 3] = [
@@ -329,7 +338,16 @@ fn boot(label: &str, vmlinuz: &Path, initrd: &Path, limit: Duration, log: &Path)
         .spawn()
         .context("cannot start qemu-system-x86_64 (run `cargo xtask setup`)")?;
     let stdout = child.stdout.take().context("qemu stdout")?;
+    let stderr = child.stderr.take().context("qemu stderr")?;
     let (tx, rx) = mpsc::channel::<String>();
+    let err_tx = tx.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if err_tx.send(format!("qemu: {line}")).is_err() {
+                break;
+            }
+        }
+    });
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if tx.send(line).is_err() {
@@ -393,6 +411,7 @@ fn boot(label: &str, vmlinuz: &Path, initrd: &Path, limit: Duration, log: &Path)
         success: success == Some(true) && problem.is_none(),
         problem,
         elapsed: started.elapsed(),
+        retried: false,
     })
 }
 
@@ -427,6 +446,11 @@ fn print_matrix(boots: &[Boot]) {
         print!(" | {:>5.0}s", b.elapsed.as_secs_f64());
     }
     println!();
+    print!("{:width$}", "(second boot)");
+    for b in boots {
+        print!(" | {:>6}", if b.retried { "yes" } else { "no" });
+    }
+    println!();
 }
 
 /// Runs the matrix; fails if any kernel fails, times out, or panics.
@@ -456,13 +480,20 @@ pub fn vm_test(options: &Options, kernel_tests: &[String]) -> Result<()> {
     for (line, package, vmlinuz) in &kernels {
         eprintln!("vm-test: booting {package}");
         let log = work.join(format!("{}.log", line.label));
-        let b = boot(
-            line.label,
-            vmlinuz,
-            &initrd,
-            Duration::from_secs(options.timeout),
-            &log,
-        )?;
+        let limit = Duration::from_secs(options.timeout);
+        let mut b = boot(line.label, vmlinuz, &initrd, limit, &log)?;
+        if !b.success && b.results.is_empty() {
+            // The kernel died before any test ran: that is the emulator or the
+            // boot, not the probes. Show why, then boot once more.
+            eprintln!(
+                "vm-test: {} died before any test ran ({}); log tail:\n{}\nvm-test: booting {package} again",
+                line.label,
+                b.problem.as_deref().unwrap_or("no verdict"),
+                tail(&log, 25)
+            );
+            b = boot(line.label, vmlinuz, &initrd, limit, &log)?;
+            b.retried = true;
+        }
         eprintln!(
             "vm-test: {} {} in {:.0?}{} (log {})",
             line.label,
@@ -474,6 +505,9 @@ pub fn vm_test(options: &Options, kernel_tests: &[String]) -> Result<()> {
                 .unwrap_or_default(),
             log.display()
         );
+        if !b.success {
+            eprintln!("vm-test: {} log tail:\n{}", line.label, tail(&log, 40));
+        }
         boots.push(b);
     }
     print_matrix(&boots);
