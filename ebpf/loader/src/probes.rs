@@ -89,14 +89,35 @@ impl std::fmt::Debug for Probes {
 }
 
 /// Raises `RLIMIT_MEMLOCK`: kernels before 5.11 charge BPF maps against it.
+///
+/// Without `CAP_SYS_RESOURCE` only the soft limit can rise, up to the hard one;
+/// newer kernels charge the memory cgroup instead, so a low limit is only worth
+/// a warning.
 fn raise_memlock() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointer to an rlimit for the kernel to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0
+        && limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return;
+    }
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
     };
     // SAFETY: valid pointer to an initialised rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
-        tracing::warn!(err = %std::io::Error::last_os_error(), "cannot raise RLIMIT_MEMLOCK; map creation may fail on kernels < 5.11");
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } == 0 {
+        return;
+    }
+    let err = std::io::Error::last_os_error();
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: as above; raising the soft limit to the hard one needs no privilege.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    if limit.rlim_max != libc::RLIM_INFINITY {
+        tracing::debug!(%err, hard_limit = limit.rlim_max, "RLIMIT_MEMLOCK stays limited; map creation may fail on kernels < 5.11");
     }
 }
 
