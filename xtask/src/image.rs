@@ -66,7 +66,7 @@ pub fn build_all() -> Result<Vec<(&'static str, PathBuf)>> {
     Ok(out)
 }
 
-/// Builds `pause` and `memhog` as static binaries.
+/// Builds `pause`, `memhog` and `burst` as static binaries.
 fn build_tools() -> Result<PathBuf> {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(paths::repo())
@@ -114,7 +114,11 @@ fn layer(tools: &Path) -> Result<Vec<u8>> {
         let mut h = header(tar::EntryType::Symlink, 0o777);
         tar.append_link(&mut h, applet, "/bin/busybox")?;
     }
-    for (program, dest) in [("pause", "pause"), ("memhog", "bin/memhog")] {
+    for (program, dest) in [
+        ("pause", "pause"),
+        ("memhog", "bin/memhog"),
+        ("burst", "bin/burst"),
+    ] {
         let bytes = fs::read(tools.join(program))
             .with_context(|| format!("cannot read the built {program}"))?;
         append_file(&mut tar, dest, &bytes, 0o755)?;
