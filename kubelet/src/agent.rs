@@ -18,9 +18,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::{self, PodCache};
 use crate::config::{Config, PlegMode};
+use crate::diagnostics::Diagnostics;
 use crate::metrics::{Metrics, ModeLabel};
+use crate::pleg::ebpf::EbpfSource;
+use crate::pleg::hints::Hints;
 use crate::pleg::relist::{CHANNEL_CAPACITY, Relister};
-use crate::pleg::{Health, PodLifecycleEvent, generic};
+use crate::pleg::{Health, PodLifecycleEvent, RELIST_THRESHOLD, cri_events, generic, hinted};
 use crate::pod::{self, PodUid, labels};
 use crate::runtime::Runtime;
 use crate::server::{self, Served};
@@ -82,6 +85,97 @@ pub struct Handles {
     pub metrics: Arc<Metrics>,
     /// What the HTTP endpoint serves.
     pub served: Arc<Served>,
+    /// OOM records and events.
+    pub diagnostics: Arc<Diagnostics>,
+    /// The eBPF source, in `ebpf` mode.
+    pub ebpf: Option<Arc<EbpfSource>>,
+}
+
+/// The PLEG that got started.
+struct Pleg {
+    mode: PlegMode,
+    /// Hint set of the hinted modes (None: generic).
+    hints: Option<Arc<Hints>>,
+    ebpf: Option<Arc<EbpfSource>>,
+}
+
+/// Starts the requested PLEG's hint source, or falls back to generic with one
+/// clear log line saying why.
+async fn start_pleg(
+    config: &Config,
+    client: &RuntimeClient,
+    pods_cgroup: &str,
+    cache: &PodCache,
+    metrics: &Arc<Metrics>,
+    diagnostics: &Arc<Diagnostics>,
+    shutdown: &CancellationToken,
+) -> Pleg {
+    let generic = Pleg {
+        mode: PlegMode::Generic,
+        hints: None,
+        ebpf: None,
+    };
+    match config.pleg_mode {
+        PlegMode::Generic => {
+            tracing::info!(
+                "PLEG mode generic: relisting every {:?}",
+                config.relist_period
+            );
+            generic
+        }
+        PlegMode::CriEvents => match cri_events::probe(client).await {
+            Ok(()) => {
+                let hints = Arc::new(Hints::default());
+                tokio::spawn(cri_events::run(
+                    client.clone(),
+                    Arc::clone(&hints),
+                    shutdown.child_token(),
+                ));
+                tracing::info!(
+                    "PLEG mode cri-events: CRI container events as hints, relisting every {:?}",
+                    config.relist_period
+                );
+                Pleg {
+                    mode: PlegMode::CriEvents,
+                    hints: Some(hints),
+                    ebpf: None,
+                }
+            }
+            Err(err) => {
+                tracing::warn!(
+                    "PLEG mode cri-events is unavailable ({err}); running generic (relist every {:?})",
+                    config.relist_period
+                );
+                generic
+            }
+        },
+        PlegMode::Ebpf => match EbpfSource::load(pods_cgroup, config.ebpf_ring_bytes) {
+            Ok(source) => {
+                let source = Arc::new(source);
+                let hints = Arc::new(Hints::default());
+                source.start(
+                    Arc::clone(&hints),
+                    Arc::clone(metrics),
+                    cache.clone(),
+                    Arc::clone(diagnostics),
+                    shutdown.child_token(),
+                );
+                tracing::info!(hooks = %source.describe(), "PLEG mode ebpf: kernel events as hints, safety relist every {:?}", config.ebpf_relist_period);
+                Pleg {
+                    mode: PlegMode::Ebpf,
+                    hints: Some(hints),
+                    ebpf: Some(source),
+                }
+            }
+            Err(err) => {
+                tracing::warn!(
+                    "PLEG mode ebpf is unavailable ({err}); running generic (relist every {:?})",
+                    config.relist_period
+                );
+                generic
+            }
+        },
+    }
 }
 
 /// Starts the agent; it runs until `shutdown` is cancelled.
@@ -113,24 +207,31 @@ pub async fn start(
     tracing::info!(runtime = %version.runtime_name, version = %version.runtime_version, endpoint = %config.runtime_endpoint, node = %config.node_name, "connected to the container runtime");
 
     let metrics = Arc::new(Metrics::new());
+    let diagnostics = Arc::new(Diagnostics::default());
     let (writer, cache) = cache::new();
     let (pleg_tx, pleg_rx) = mpsc::channel::<PodLifecycleEvent>(CHANNEL_CAPACITY);
     let runtime = Runtime::new(client.clone());
-    let mode = match config.pleg_mode {
-        PlegMode::Generic => PlegMode::Generic,
-        other => {
-            tracing::warn!(
-                requested = other.as_str(),
-                "PLEG mode not available in this build; running generic (1 s relist)"
-            );
-            PlegMode::Generic
+    let pods_cgroup = format!("{}/kubepods", config.cgroup_root.trim_end_matches('/'));
+    let pleg = start_pleg(
+        &config,
+        &client,
+        &pods_cgroup,
+        &cache,
+        &metrics,
+        &diagnostics,
+        &shutdown,
+    )
+    .await;
+    let health = Arc::new(match pleg.mode {
+        PlegMode::Ebpf => {
+            Health::with_threshold(RELIST_THRESHOLD.max(config.ebpf_relist_period * 2))
         }
-    };
-    let health = Arc::new(Health::default());
+        _ => Health::default(),
+    });
     metrics
         .pleg_mode
         .get_or_create(&ModeLabel {
-            mode: mode.as_str().into(),
+            mode: pleg.mode.as_str().into(),
         })
         .set(1);
     let relister = Relister::new(
@@ -140,16 +241,35 @@ pub async fn start(
         Arc::clone(&metrics),
         Arc::clone(&health),
     );
-    tokio::spawn(generic::run(
-        relister,
-        config.relist_period,
-        shutdown.child_token(),
-    ));
+    match &pleg.hints {
+        None => {
+            tokio::spawn(generic::run(
+                relister,
+                config.relist_period,
+                shutdown.child_token(),
+            ));
+        }
+        Some(hints) => {
+            let period = if pleg.mode == PlegMode::Ebpf {
+                config.ebpf_relist_period
+            } else {
+                config.relist_period
+            };
+            tokio::spawn(hinted::run(
+                relister,
+                Arc::clone(hints),
+                period,
+                Arc::clone(&metrics),
+                shutdown.child_token(),
+            ));
+        }
+    }
+    let mode = pleg.mode;
 
     let node = NodeContext {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
-        pods_cgroup: format!("{}/kubepods", config.cgroup_root.trim_end_matches('/')),
+        pods_cgroup,
         host_ip: config.node_ip.clone(),
         memory_capacity: memory_capacity(),
     };
@@ -160,7 +280,7 @@ pub async fn start(
         cache.clone(),
         Arc::clone(&metrics),
         done_tx,
-        None,
+        pleg.hints.clone(),
         shutdown.child_token(),
     );
 
@@ -194,6 +314,7 @@ pub async fn start(
         mode: std::sync::Mutex::new(mode.as_str().into()),
         sources_ready: Default::default(),
         checks: Default::default(),
+        diagnostics: Arc::clone(&diagnostics),
     });
     server::serve(config.address, Arc::clone(&served), shutdown.child_token()).await?;
 
@@ -205,12 +326,15 @@ pub async fn start(
         syncer,
         metrics: Arc::clone(&metrics),
         served: Arc::clone(&served),
+        hints: pleg.hints.clone(),
     };
     let handles = Handles {
         workers,
         cache,
         metrics,
         served,
+        diagnostics,
+        ebpf: pleg.ebpf.clone(),
     };
     let task = tokio::spawn(sync_loop.run(src_rx, pleg_rx, done_rx, shutdown));
     Ok((handles, task))
@@ -227,6 +351,8 @@ struct SyncLoop {
     syncer: Arc<Syncer>,
     metrics: Arc<Metrics>,
     served: Arc<Served>,
+    /// The hinted PLEG's hints (agent-initiated removals are announced there).
+    hints: Option<Arc<Hints>>,
 }
 
 impl SyncLoop {
@@ -334,7 +460,17 @@ impl SyncLoop {
                 .any(|c| !names.insert(c.name.as_str()));
             if extra {
                 let syncer = Arc::clone(&self.syncer);
-                tokio::spawn(async move { syncer.gc_pod(&status).await });
+                let hints = self.hints.clone();
+                tokio::spawn(async move {
+                    // The agent's own removals must not look like external changes.
+                    if let Some(h) = &hints {
+                        h.suspend(status.uid.clone());
+                    }
+                    syncer.gc_pod(&status).await;
+                    if let Some(h) = &hints {
+                        h.resume(status.uid.clone(), true);
+                    }
+                });
             }
         }
     }

@@ -140,7 +140,8 @@ impl PodCache {
         lock(&self.shared.inner).global
     }
 
-    fn fresh(&self, uid: &PodUid, min: Instant) -> Option<Entry> {
+    /// The entry of `uid` if it (or the global stamp) is newer than `min`, without waiting.
+    pub fn fresh(&self, uid: &PodUid, min: Instant) -> Option<Entry> {
         let inner = lock(&self.shared.inner);
         let entry = inner.pods.get(uid);
         if let Some(e) = entry

@@ -69,6 +69,8 @@ pub struct Config {
     pub relist_period: Duration,
     /// Period of the eBPF mode's safety relist.
     pub ebpf_relist_period: Duration,
+    /// Size of the eBPF ring buffer in bytes (a power of two ≥ the page size).
+    pub ebpf_ring_bytes: u32,
     /// Log format.
     pub log_format: LogFormat,
 }

@@ -14,12 +14,14 @@
 //! * [`runtime`]: the CRI seen as pods.
 //! * [`server`], [`metrics`]: `/healthz`, `/pods`, `/metrics`.
 //! * [`pod`]: identity, labels, defaulting; [`cgroups`]: pod cgroup cleanup.
+//! * [`diagnostics`]: the kernel's OOM records and Kubernetes-style events.
 
 pub mod agent;
 pub mod backoff;
 pub mod cache;
 pub mod cgroups;
 pub mod config;
+pub mod diagnostics;
 pub mod metrics;
 pub mod pleg;
 pub mod pod;

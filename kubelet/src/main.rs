@@ -109,6 +109,7 @@ fn effective(flags: Flags) -> Result<Config> {
             file.pleg_safety_relist_period.as_ref(),
             Duration::from_secs(120),
         )?,
+        ebpf_ring_bytes: evlet_ebpf::Config::default().ring_bytes,
         log_format: flags.log_format,
     })
 }

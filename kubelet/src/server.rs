@@ -1,5 +1,6 @@
 //! The local HTTP endpoint: `/healthz`, `/pods` (a `v1.PodList` with statuses),
-//! `/metrics` (Prometheus text).
+//! `/metrics` (Prometheus text), `/events` (pod events, e.g. OOM kills with the
+//! kernel's record), `/debug/oom` (the kernel's OOM records).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +31,8 @@ pub struct Served {
     pub mode: std::sync::Mutex<String>,
     /// Every pod source has reported.
     pub sources_ready: AtomicBool,
+    /// OOM records and events.
+    pub diagnostics: Arc<crate::diagnostics::Diagnostics>,
     /// Extra health checks (e.g. the runtime), by name: `Err` is unhealthy.
     pub checks: std::sync::Mutex<Vec<(String, Result<(), String>)>>,
 }
@@ -90,6 +93,14 @@ async fn pods(State(s): State<Arc<Served>>) -> Response {
     axum::Json(body).into_response()
 }
 
+async fn events(State(s): State<Arc<Served>>) -> Response {
+    axum::Json(s.diagnostics.events()).into_response()
+}
+
+async fn ooms(State(s): State<Arc<Served>>) -> Response {
+    axum::Json(s.diagnostics.ooms()).into_response()
+}
+
 async fn metrics(State(s): State<Arc<Served>>) -> Response {
     (
         [("content-type", "text/plain; version=0.0.4")],
@@ -104,6 +115,8 @@ pub fn router(served: Arc<Served>) -> Router {
         .route("/healthz", get(healthz))
         .route("/pods", get(pods))
         .route("/metrics", get(metrics))
+        .route("/events", get(events))
+        .route("/debug/oom", get(ooms))
         .with_state(served)
 }
 

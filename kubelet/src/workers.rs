@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::PodCache;
 use crate::metrics::Metrics;
+use crate::pleg::hints::Hints;
 use crate::pod::{self, PodUid};
 use crate::runtime::PodStatus;
 use crate::status;
@@ -86,18 +87,10 @@ struct Shared {
     views: Mutex<BTreeMap<PodUid, PodView>>,
     /// Told when a worker finished (its pod fully removed).
     done: mpsc::UnboundedSender<PodUid>,
-    /// Told after a sync that made runtime calls (the PLEG relists the pod then).
-    synced: Option<mpsc::UnboundedSender<SyncNotice>>,
+    /// The hinted PLEG's hint set: a pod's relists wait while it syncs, and one
+    /// relist follows a sync that made runtime calls (invariant 4).
+    hints: Option<Arc<Hints>>,
     shutdown: CancellationToken,
-}
-
-/// A worker's sync began or ended (for the PLEG's per-pod relist suspension).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SyncNotice {
-    /// SyncPod (or termination) started for the pod.
-    Started(PodUid),
-    /// It ended; `changed` if it made runtime calls.
-    Finished(PodUid, bool),
 }
 
 /// The set of pod workers.
@@ -116,13 +109,13 @@ fn now_time() -> Time {
 
 impl PodWorkers {
     /// Workers syncing through `syncer`, reading `cache`. Finished pods are
-    /// reported on `done`; sync starts/ends on `synced` if given.
+    /// reported on `done`; syncs suspend and then trigger relists through `hints` if given.
     pub fn new(
         syncer: Arc<Syncer>,
         cache: PodCache,
         metrics: Arc<Metrics>,
         done: mpsc::UnboundedSender<PodUid>,
-        synced: Option<mpsc::UnboundedSender<SyncNotice>>,
+        hints: Option<Arc<Hints>>,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
@@ -133,7 +126,7 @@ impl PodWorkers {
                 workers: Mutex::new(HashMap::new()),
                 views: Mutex::new(BTreeMap::new()),
                 done,
-                synced,
+                hints,
                 shutdown,
             }),
         }
@@ -216,9 +209,15 @@ impl Worker {
         lock(&self.pending).take()
     }
 
-    fn notice(&self, n: SyncNotice) {
-        if let Some(tx) = &self.shared.synced {
-            let _ = tx.send(n);
+    fn sync_started(&self) {
+        if let Some(h) = &self.shared.hints {
+            h.suspend(self.uid.clone());
+        }
+    }
+
+    fn sync_finished(&self, changed: bool) {
+        if let Some(h) = &self.shared.hints {
+            h.resume(self.uid.clone(), changed);
         }
     }
 
@@ -234,8 +233,14 @@ impl Worker {
         );
     }
 
-    /// Waits for a cache entry newer than `since`, unless shutting down.
+    /// Waits for a cache entry newer than `since`, unless shutting down. In the
+    /// hinted PLEG modes nothing relists a quiet pod by itself, so the worker asks.
     async fn fresh(&self, since: Instant) -> Option<PodStatus> {
+        if let Some(h) = &self.shared.hints
+            && self.shared.cache.fresh(&self.uid, since).is_none()
+        {
+            h.pod(self.uid.clone(), None);
+        }
         tokio::select! {
             () = self.shared.shutdown.cancelled() => None,
             entry = self.shared.cache.newer_than(&self.uid, since) => Some(match entry.status {
@@ -304,7 +309,7 @@ impl Worker {
                         t.clone()
                     };
                     let started = Instant::now();
-                    self.notice(SyncNotice::Started(self.uid.clone()));
+                    self.sync_started();
                     let result = self
                         .shared
                         .syncer
@@ -332,7 +337,7 @@ impl Worker {
                             (ERROR_BACKOFF.mul_f64(0.5 + fastrand::f64() * 0.5), true)
                         }
                     };
-                    self.notice(SyncNotice::Finished(self.uid.clone(), changed));
+                    self.sync_finished(changed);
                     next_resync = Some(Instant::now() + delay);
                     let extra = status::Extra {
                         waiting: Some(&waiting),
@@ -351,10 +356,10 @@ impl Worker {
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
-                    self.notice(SyncNotice::Started(self.uid.clone()));
+                    self.sync_started();
                     let started = Instant::now();
                     let result = self.shared.syncer.kill_pod(&current, &runtime, grace).await;
-                    self.notice(SyncNotice::Finished(self.uid.clone(), true));
+                    self.sync_finished(true);
                     last_sync = Some(started);
                     match result {
                         Ok(()) => {
@@ -382,10 +387,10 @@ impl Worker {
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
-                    self.notice(SyncNotice::Started(self.uid.clone()));
+                    self.sync_started();
                     let started = Instant::now();
                     let result = self.shared.syncer.remove_pod(&current, &runtime).await;
-                    self.notice(SyncNotice::Finished(self.uid.clone(), true));
+                    self.sync_finished(true);
                     last_sync = Some(started);
                     match result {
                         Ok(()) => {

@@ -1,212 +1,15 @@
 //! The agent end to end against the private real containerd (`cargo xtask test`
-//! runs this per containerd line). Each test starts its own agent (own node
-//! name, root dir, manifest dir) and removes what it made, even on failure.
-//! Tests hold a lock: one agent per runtime at a time, as on a real node
-//! (another agent's pods would be orphans to it).
-//!
-//! `EVLET_E2E_PLEG` selects the PLEG mode (default `generic`).
+//! runs this per containerd line). `EVLET_E2E_PLEG` selects the PLEG mode
+//! (default `generic`); `cargo xtask test` runs it in every mode.
 
-use std::future::Future;
+mod support;
+
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use evlet::agent::{self, Handles};
-use evlet::config::{Config, LogFormat, PlegMode};
-use evlet::pod::labels;
-use evlet_cri::{ContainerFilter, ContainerId, Options, RuntimeClient, SandboxFilter, SandboxId};
-use evlet_testkit::{NodeEnv, eventually};
-use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
-use tokio_util::sync::CancellationToken;
-
-static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-static N: AtomicU32 = AtomicU32::new(0);
-
-struct World {
-    node: NodeEnv,
-    name: String,
-    root: tempfile::TempDir,
-    manifests: tempfile::TempDir,
-    client: RuntimeClient,
-}
-
-struct Running {
-    handles: Handles,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-fn mode() -> PlegMode {
-    match std::env::var("EVLET_E2E_PLEG").as_deref() {
-        Ok("ebpf") => PlegMode::Ebpf,
-        Ok("cri-events") => PlegMode::CriEvents,
-        _ => PlegMode::Generic,
-    }
-}
-
-impl World {
-    fn config(&self) -> Config {
-        Config {
-            node_name: self.name.clone(),
-            root_dir: self.root.path().to_path_buf(),
-            pod_manifest_path: Some(self.manifests.path().to_path_buf()),
-            manifest_url: None,
-            runtime_endpoint: self.node.endpoint.clone(),
-            cgroup_root: format!("{}/{}", self.node.cgroup_root, self.name),
-            address: "127.0.0.1:0".parse().expect("address"),
-            file_check_frequency: Duration::from_secs(2),
-            http_check_frequency: Duration::from_secs(20),
-            node_ip: Some("127.0.0.1".into()),
-            pleg_mode: mode(),
-            relist_period: Duration::from_secs(1),
-            ebpf_relist_period: Duration::from_secs(120),
-            log_format: LogFormat::Text,
-        }
-    }
-
-    async fn start(&self) -> Running {
-        let shutdown = CancellationToken::new();
-        let (handles, task) = agent::start(self.config(), shutdown.clone())
-            .await
-            .expect("agent starts");
-        Running {
-            handles,
-            shutdown,
-            task,
-        }
-    }
-
-    fn write(&self, file: &str, yaml: &str) {
-        // Write then rename, as an editor would, so the agent never reads half a file.
-        let tmp = self.manifests.path().join(format!(".{file}.tmp"));
-        std::fs::write(&tmp, yaml).expect("write manifest");
-        std::fs::rename(&tmp, self.manifests.path().join(file)).expect("rename manifest");
-    }
-
-    fn remove(&self, file: &str) {
-        std::fs::remove_file(self.manifests.path().join(file)).expect("remove manifest");
-    }
-
-    fn pod_name(&self, name: &str) -> String {
-        format!("{name}-{}", self.name)
-    }
-
-    /// Sandboxes and containers of pods named `<name>-<node>` (all states).
-    async fn runtime_objects(&self, name: &str) -> (Vec<String>, Vec<String>) {
-        let pod = self.pod_name(name);
-        let sandboxes = self
-            .client
-            .list_pod_sandbox(SandboxFilter::new().label(labels::POD_NAME, pod.clone()))
-            .await
-            .expect("list sandboxes");
-        let containers = self
-            .client
-            .list_containers(ContainerFilter::new().label(labels::POD_NAME, pod))
-            .await
-            .expect("list containers");
-        (
-            sandboxes.into_iter().map(|s| s.id).collect(),
-            containers.into_iter().map(|c| c.id).collect(),
-        )
-    }
-
-    /// Removes every pod of this test's node from the runtime, and its cgroups.
-    async fn cleanup(&self) {
-        let suffix = format!("-{}", self.name);
-        if let Ok(sandboxes) = self.client.list_pod_sandbox(SandboxFilter::new()).await {
-            for s in sandboxes.into_iter().filter(|s| {
-                s.labels
-                    .get(labels::POD_NAME)
-                    .is_some_and(|n| n.ends_with(&suffix))
-            }) {
-                let id = SandboxId::new(s.id);
-                let _ = self.client.stop_pod_sandbox(&id).await;
-                let _ = self.client.remove_pod_sandbox(&id).await;
-            }
-        }
-        self.node.remove_cgroups(&self.name);
-    }
-}
-
-impl Running {
-    fn status(&self, pod: &str) -> Option<PodStatus> {
-        self.handles
-            .workers
-            .views()
-            .into_iter()
-            .find(|v| v.pod.metadata.name.as_deref() == Some(pod))
-            .map(|v| v.status)
-    }
-
-    async fn wait_status<T>(
-        &self,
-        pod: &str,
-        what: &str,
-        limit: Duration,
-        check: impl Fn(&PodStatus) -> Option<T>,
-    ) -> T {
-        eventually(limit, what, || async {
-            self.status(pod).as_ref().and_then(&check)
-        })
-        .await
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let _ = self.task.await;
-    }
-}
-
-fn container<'a>(status: &'a PodStatus, name: &str) -> Option<&'a ContainerStatus> {
-    status
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(status.init_container_statuses.iter().flatten())
-        .find(|c| c.name == name)
-}
-
-fn running(status: &PodStatus, name: &str) -> bool {
-    container(status, name)
-        .and_then(|c| c.state.as_ref())
-        .is_some_and(|s| s.running.is_some())
-}
-
-async fn e2e<F, Fut>(test: &str, body: F)
-where
-    F: FnOnce(std::sync::Arc<World>) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let Some(node) = evlet_testkit::node(test) else {
-        return;
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(filter)
-        .try_init();
-    let _guard = LOCK.lock().await;
-    let client = RuntimeClient::connect(&node.endpoint, Options::default()).expect("endpoint");
-    let world = std::sync::Arc::new(World {
-        name: format!(
-            "e2e{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ),
-        node,
-        root: tempfile::tempdir().expect("root"),
-        manifests: tempfile::tempdir().expect("manifests"),
-        client,
-    });
-    let outcome = tokio::spawn(body(world.clone())).await;
-    world.cleanup().await;
-    if let Err(err) = outcome {
-        std::panic::resume_unwind(err.into_panic());
-    }
-}
-
-const IMAGE: &str = "evlet.local/test:v1";
+use evlet_cri::ContainerId;
+use evlet_testkit::eventually;
+use support::{IMAGE, container, e2e, kill, running};
 
 fn three_container_pod(hostpath: &Path) -> String {
     format!(
@@ -349,15 +152,7 @@ async fn a_killed_container_restarts_with_its_exit_in_last_state() {
         w.write("kill.yaml", &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: victim}}\nspec:\n  containers:\n  - {{name: app, image: {IMAGE}, command: [/bin/sleep, '3600']}}\n"));
         let agent = w.start().await;
         let pod = w.pod_name("victim");
-        let id = agent
-            .wait_status(&pod, "app running", Duration::from_secs(60), |s| {
-                running(s, "app").then(|| container(s, "app").and_then(|c| c.container_id.clone())).flatten()
-            })
-            .await;
-        let id = ContainerId::new(id.trim_start_matches("containerd://"));
-        let pid = w.client.container_pid(&id).await.expect("info").expect("pid");
-        // SAFETY: kills the init process of a container this test started.
-        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        kill(&w, &agent, &pod, "app").await;
         let status = agent
             .wait_status(&pod, "restart after kill", Duration::from_secs(30), |s| {
                 container(s, "app").filter(|c| c.restart_count == 1 && running(s, "app")).cloned()
@@ -428,9 +223,7 @@ async fn a_malformed_manifest_is_reported_and_a_changed_one_recreates_the_pod() 
         w.write("steady.yaml", &steady);
         let agent = w.start().await;
         let pod = w.pod_name("steady");
-        let id = agent
-            .wait_status(&pod, "steady running", Duration::from_secs(60), |s| container(s, "app").filter(|_| running(s, "app")).and_then(|c| c.container_id.clone()))
-            .await;
+        let id = agent.running_id(&pod, "app").await;
 
         w.write("broken.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: broken}\nspec:\n  containers:\n  - {name: app}\n");
         eventually(Duration::from_secs(15), "the manifest error is counted", || async {

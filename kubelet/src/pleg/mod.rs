@@ -6,7 +6,11 @@
 //! same for one pod. [`generic`] drives it every second (upstream's algorithm);
 //! the eBPF and CRI-event modes drive it from hints.
 
+pub mod cri_events;
+pub mod ebpf;
 pub mod generic;
+pub mod hinted;
+pub mod hints;
 pub mod relist;
 
 use std::sync::Mutex;

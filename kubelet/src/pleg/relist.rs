@@ -164,18 +164,25 @@ impl Relister {
         n
     }
 
-    async fn update_cache(&mut self, uid: &PodUid, at: Instant) -> Option<PodStatus> {
+    async fn update_cache(
+        &mut self,
+        uid: &PodUid,
+        at: Instant,
+    ) -> Result<PodStatus, evlet_cri::Error> {
         match self.runtime.pod_status(uid).await {
             Ok(status) => {
                 self.reinspect.remove(uid);
                 self.cache.set(uid, Ok(status.clone()), at);
-                Some(status)
+                Ok(status)
             }
             Err(err) => {
-                tracing::warn!(pod = %uid, %err, "reading pod status failed; will retry on the next relist");
+                tracing::warn!(pod = %uid, %err, "reading pod status failed; will retry");
                 self.reinspect.insert(uid.clone());
-                self.cache.set(uid, Err(err.to_string()), at);
-                None
+                // A runtime that is down says nothing about the pod: keep the last good entry.
+                if !err.is_retryable() {
+                    self.cache.set(uid, Err(err.to_string()), at);
+                }
+                Err(err)
             }
         }
     }
@@ -188,7 +195,7 @@ impl Relister {
     /// The listing's CRI error; the health stamp is then not renewed (upstream).
     pub async fn relist_all(
         &mut self,
-        hinted: Option<&HashSet<PodUid>>,
+        hinted: Option<&BTreeSet<PodUid>>,
     ) -> Result<Report, evlet_cri::Error> {
         let start = Instant::now();
         if let Some(prev) = self.last_full {
@@ -221,7 +228,7 @@ impl Relister {
             }
             match pods.get(&uid) {
                 Some(record) => {
-                    if self.update_cache(&uid, start).await.is_none() {
+                    if self.update_cache(&uid, start).await.is_err() {
                         // Keep the old record so the change is seen again next time.
                         continue;
                     }
@@ -251,11 +258,12 @@ impl Relister {
 
     /// Re-reads one pod, updates its cache entry and emits its events.
     /// Returns whether its listing changed.
-    pub async fn relist_pod(&mut self, uid: &PodUid) -> bool {
+    ///
+    /// # Errors
+    /// The CRI error (the pod's entry keeps its last good status).
+    pub async fn relist_pod(&mut self, uid: &PodUid) -> Result<bool, evlet_cri::Error> {
         let start = Instant::now();
-        let Some(status) = self.update_cache(uid, start).await else {
-            return false;
-        };
+        let status = self.update_cache(uid, start).await?;
         let record = record_from_status(&status);
         let old = self.records.get(uid);
         let events = diff(
@@ -280,7 +288,7 @@ impl Relister {
         self.metrics
             .pleg_pod_relist_duration
             .observe(start.elapsed().as_secs_f64());
-        changed
+        Ok(changed)
     }
 
     fn update_gauges(&self, pods: &BTreeMap<PodUid, RuntimePod>) {

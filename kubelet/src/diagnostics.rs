@@ -1,0 +1,151 @@
+//! OOM diagnostics and Kubernetes-style events kept by the agent.
+//!
+//! The kernel's OOM record (victim, RSS, time) is kept here and attached to a
+//! Warning event about the pod; the container's `OOMKilled` reason in the pod
+//! status still comes from CRI (design invariant 1). `/events` and `/oom` serve
+//! these; the API-server mode also posts the events.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// How many records and events are kept (oldest dropped first).
+pub const KEEP: usize = 1000;
+
+/// What the kernel told about one OOM kill.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct OomRecord {
+    /// Pod namespace (empty if the cgroup was not a pod's).
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Pod UID.
+    pub pod_uid: String,
+    /// Container name (empty if unknown).
+    pub container: String,
+    /// Container ID.
+    pub container_id: String,
+    /// Victim process ID (host PID namespace) and thread ID.
+    pub pid: u32,
+    /// Victim thread ID.
+    pub tid: u32,
+    /// Victim command.
+    pub comm: String,
+    /// cgroup v2 ID of the victim.
+    pub cgroup_id: u64,
+    /// Anonymous RSS (KiB), if the kernel reports it.
+    pub anon_rss_kb: Option<u64>,
+    /// File RSS (KiB).
+    pub file_rss_kb: Option<u64>,
+    /// Shared-memory RSS (KiB).
+    pub shmem_rss_kb: Option<u64>,
+    /// Total VM (KiB).
+    pub total_vm_kb: Option<u64>,
+    /// `oom_score_adj` of the victim.
+    pub oom_score_adj: i32,
+    /// When (RFC 3339).
+    pub time: String,
+}
+
+impl OomRecord {
+    /// A one-line description for event messages.
+    pub fn message(&self) -> String {
+        let rss = match (self.anon_rss_kb, self.file_rss_kb, self.total_vm_kb) {
+            (Some(a), Some(f), Some(t)) => {
+                format!(", anon-rss {a} KiB, file-rss {f} KiB, total-vm {t} KiB")
+            }
+            _ => String::new(),
+        };
+        format!(
+            "container {} OOM-killed: pid {} ({}){rss}, oom_score_adj {}",
+            if self.container.is_empty() {
+                "?"
+            } else {
+                &self.container
+            },
+            self.pid,
+            self.comm,
+            self.oom_score_adj
+        )
+    }
+}
+
+/// A Kubernetes-style event about a pod.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Upstream reason (`OOMKilling`, `BackOff`, ...).
+    pub reason: String,
+    /// Human-readable details.
+    pub message: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Pod UID.
+    pub pod_uid: String,
+    /// When (RFC 3339).
+    pub time: String,
+}
+
+/// The agent's diagnostic records.
+#[derive(Debug, Default)]
+pub struct Diagnostics {
+    ooms: Mutex<VecDeque<OomRecord>>,
+    events: Mutex<VecDeque<Event>>,
+}
+
+fn push<T>(q: &Mutex<VecDeque<T>>, v: T) {
+    let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
+    if q.len() >= KEEP {
+        q.pop_front();
+    }
+    q.push_back(v);
+}
+
+impl Diagnostics {
+    /// Records an OOM kill and the Warning event about it.
+    pub fn oom(&self, record: OomRecord) {
+        tracing::warn!(pod = %format!("{}/{}", record.namespace, record.pod), container = %record.container, "{}", record.message());
+        self.event(Event {
+            kind: "Warning".into(),
+            reason: "OOMKilling".into(),
+            message: record.message(),
+            namespace: record.namespace.clone(),
+            pod: record.pod.clone(),
+            pod_uid: record.pod_uid.clone(),
+            time: record.time.clone(),
+        });
+        push(&self.ooms, record);
+    }
+
+    /// Records an event.
+    pub fn event(&self, event: Event) {
+        push(&self.events, event);
+    }
+
+    /// Every kept OOM record, oldest first.
+    pub fn ooms(&self) -> Vec<OomRecord> {
+        self.ooms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Every kept event, oldest first.
+    pub fn events(&self) -> Vec<Event> {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,509 @@
+//! The `ebpf` hint source: kernel events → "pod X may have changed".
+//!
+//! The probes watch every cgroup under the pods' cgroup root (the kernel adds
+//! each new one at its mkdir). [`CgroupMap`] maps a cgroup v2 ID to the pod UID
+//! and container ID its path names (cgroupfs `.../pod<uid>/<id>` or systemd
+//! `...-pod<uid>.slice/cri-containerd-<id>.scope`), built from a scan at start
+//! and from mkdir/rmdir events. Only a container's init process exiting (or its
+//! cgroup going away) is a hint (invariant 9): the init is the first process
+//! that exec'd in the cgroup, or, for containers found by the scan, the process
+//! that is PID 1 of its namespace. An event in a cgroup nobody knows triggers a
+//! targeted lookup, then a full relist; a lost ring-buffer record, a reader
+//! restart or a load of the probes triggers a full relist.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use evlet_ebpf::{Config as ProbeConfig, Event, EventReader, Probes, cgroup};
+use tokio_util::sync::CancellationToken;
+
+use super::hints::Hints;
+use crate::cache::PodCache;
+use crate::diagnostics::{Diagnostics, OomRecord};
+use crate::metrics::{Metrics, OomLabel};
+use crate::pod::PodUid;
+
+/// What a cgroup belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// The pod.
+    pub uid: PodUid,
+    /// The container (or sandbox) ID; `None` for the pod's own cgroup.
+    pub container: Option<String>,
+    /// The container's init process (TGID), once known.
+    pub init: Option<u32>,
+}
+
+/// Parses a cgroup path into pod UID and container ID (cgroupfs or systemd layout).
+pub fn parse_path(path: &str) -> Option<(PodUid, Option<String>)> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let (i, uid) = parts.iter().enumerate().find_map(|(i, p)| {
+        let p = p.strip_suffix(".slice").unwrap_or(p);
+        let pod = p
+            .rsplit_once("-pod")
+            .map(|(_, u)| u)
+            .or_else(|| p.strip_prefix("pod"))?;
+        (!pod.is_empty()).then(|| (i, pod.replace('_', "-")))
+    })?;
+    let container = parts.get(i + 1).map(|c| {
+        let c = c.strip_suffix(".scope").unwrap_or(c);
+        c.rsplit_once('-').map_or(c, |(_, id)| id).to_owned()
+    });
+    Some((PodUid(uid), container))
+}
+
+/// cgroup v2 ID → owner.
+#[derive(Debug, Default)]
+pub struct CgroupMap {
+    by_id: HashMap<u64, Owner>,
+}
+
+impl CgroupMap {
+    /// Records a cgroup at `path` (relative to the cgroup2 mount).
+    pub fn insert(&mut self, id: u64, path: &str) -> Option<&Owner> {
+        let (uid, container) = parse_path(path)?;
+        self.by_id.insert(
+            id,
+            Owner {
+                uid,
+                container,
+                init: None,
+            },
+        );
+        self.by_id.get(&id)
+    }
+
+    /// Forgets a cgroup.
+    pub fn remove(&mut self, id: u64) -> Option<Owner> {
+        self.by_id.remove(&id)
+    }
+
+    /// The owner of a cgroup.
+    pub fn get(&self, id: u64) -> Option<&Owner> {
+        self.by_id.get(&id)
+    }
+
+    /// Notes an exec in a container cgroup: the first one is the container's init.
+    pub fn exec(&mut self, id: u64, tgid: u32) {
+        if let Some(o) = self.by_id.get_mut(&id)
+            && o.container.is_some()
+            && o.init.is_none()
+        {
+            o.init = Some(tgid);
+        }
+    }
+
+    /// Is a process exit in cgroup `id` a STOPPED hint? `Some(uid)` if so.
+    pub fn exit_hint(&self, id: u64, tgid: u32) -> Option<PodUid> {
+        let o = self.by_id.get(&id)?;
+        o.container.as_ref()?;
+        (o.init.is_none() || o.init == Some(tgid)).then(|| o.uid.clone())
+    }
+}
+
+/// The PID-1-of-its-namespace process in a cgroup (a container's init).
+fn namespace_init(dir: &Path) -> Option<u32> {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    procs
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("NSpid:"))
+                        .map(|l| l.split_whitespace().last() == Some("1"))
+                })
+                .unwrap_or(false)
+        })
+}
+
+/// Where the probes look and how the source reacts.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The cgroup2 mount.
+    pub mount: PathBuf,
+    /// The pods' cgroup root relative to the mount, with a trailing `/` (`/kubepods/`).
+    pub prefix: String,
+    /// Ring-buffer size (bytes).
+    pub ring_bytes: u32,
+}
+
+/// The running eBPF source: the probes, the map, and the reader task.
+#[derive(Debug)]
+pub struct EbpfSource {
+    probes: Arc<Mutex<Probes>>,
+    map: Arc<Mutex<CgroupMap>>,
+    setup: Setup,
+    reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    stall: Arc<Mutex<Option<Duration>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Shared by the reader task.
+#[derive(Debug, Clone)]
+struct Ctx {
+    map: Arc<Mutex<CgroupMap>>,
+    probes: Arc<Mutex<Probes>>,
+    hints: Arc<Hints>,
+    metrics: Arc<Metrics>,
+    cache: PodCache,
+    diagnostics: Arc<Diagnostics>,
+    setup: Setup,
+    stall: Arc<Mutex<Option<Duration>>>,
+}
+
+impl EbpfSource {
+    /// Loads the probes for `pods_cgroup` (a cgroupfs path such as `/kubepods`).
+    ///
+    /// # Errors
+    /// Why eBPF cannot be used (no cgroup2, no BTF, not root, verifier refusal):
+    /// the caller falls back to the generic PLEG.
+    pub fn load(pods_cgroup: &str, ring_bytes: u32) -> Result<Self, String> {
+        let mount = cgroup::unified_mount()
+            .map_err(|e| e.to_string())?
+            .ok_or("no cgroup2 hierarchy is mounted")?;
+        let prefix = format!("/{}/", pods_cgroup.trim_matches('/'));
+        let probes = Probes::load(&ProbeConfig {
+            watch_prefix: Some(prefix.clone()),
+            ring_bytes,
+            ..ProbeConfig::default()
+        })
+        .map_err(|e| e.to_string())?;
+        let setup = Setup {
+            mount,
+            prefix,
+            ring_bytes,
+        };
+        Ok(Self {
+            probes: Arc::new(Mutex::new(probes)),
+            map: Arc::default(),
+            setup,
+            reader: Mutex::new(None),
+            stall: Arc::default(),
+        })
+    }
+
+    /// Where each hook attached, for logs and health.
+    pub fn describe(&self) -> String {
+        lock(&self.probes)
+            .hooks()
+            .iter()
+            .map(|h| format!("{}:{:?}", h.tracepoint, h.kind))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Scans the existing pod cgroups (watching them and learning their inits),
+    /// then starts the reader. Call from within the runtime.
+    pub fn start(
+        self: &Arc<Self>,
+        hints: Arc<Hints>,
+        metrics: Arc<Metrics>,
+        cache: PodCache,
+        diagnostics: Arc<Diagnostics>,
+        cancel: CancellationToken,
+    ) {
+        let root = self.setup.mount.join(self.setup.prefix.trim_matches('/'));
+        let _ = std::fs::create_dir_all(&root);
+        {
+            let mut probes = lock(&self.probes);
+            let mut map = lock(&self.map);
+            for (dir, id) in cgroup::walk(&root) {
+                let rel = format!(
+                    "/{}",
+                    dir.strip_prefix(&self.setup.mount)
+                        .unwrap_or(&dir)
+                        .display()
+                );
+                if let Err(e) = probes.watch(id) {
+                    tracing::warn!(cgroup = %rel, %e, "cannot watch cgroup");
+                }
+                if map.insert(id, &rel).is_some()
+                    && let Some(init) = namespace_init(&dir)
+                {
+                    map.exec(id, init);
+                }
+            }
+        }
+        let ctx = Ctx {
+            map: Arc::clone(&self.map),
+            probes: Arc::clone(&self.probes),
+            hints,
+            metrics,
+            cache,
+            diagnostics,
+            setup: self.setup.clone(),
+            stall: Arc::clone(&self.stall),
+        };
+        let this = Arc::clone(self);
+        tokio::spawn(async move { this.supervise(ctx, cancel).await });
+    }
+
+    /// Aborts the reader task (tests: the supervisor must recover without losing a change).
+    pub fn abort_reader(&self) {
+        if let Some(task) = lock(&self.reader).as_ref() {
+            task.abort();
+        }
+    }
+
+    /// Makes the reader sleep for `pause` after its next batch (tests: a reader
+    /// that falls behind must cost a full relist, never a lost change).
+    pub fn stall_reader(&self, pause: Duration) {
+        *lock(&self.stall) = Some(pause);
+    }
+
+    async fn supervise(self: Arc<Self>, ctx: Ctx, cancel: CancellationToken) {
+        let mut first = true;
+        loop {
+            let opened: Result<EventReader, String> = {
+                let mut probes = lock(&self.probes);
+                match probes.take_events() {
+                    Some(taken) if first => taken.map_err(|e| e.to_string()),
+                    _ => probes.reopen_events().map_err(|e| e.to_string()),
+                }
+            };
+            let reader = match opened {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot open the eBPF ring buffer; retrying");
+                    ctx.hints.full("eBPF ring buffer unavailable");
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                    continue;
+                }
+            };
+            if !first {
+                ctx.hints.full("eBPF reader restarted");
+            }
+            first = false;
+            let task = tokio::spawn(read(reader, ctx.clone(), cancel.clone()));
+            let abort = task.abort_handle();
+            *lock(&self.reader) = Some(task);
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => {
+                        abort.abort();
+                        return;
+                    }
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+                if abort.is_finished() {
+                    break;
+                }
+            }
+            tracing::error!(
+                "the eBPF reader task ended; reopening the ring buffer and relisting everything"
+            );
+        }
+    }
+}
+
+/// How often the loss counter is read even when no record arrives (a reserve
+/// can fail after the reader's last check of a burst).
+const LOSS_CHECK: Duration = Duration::from_secs(1);
+
+/// Reads events until cancelled; checks the loss counter after every batch
+/// and every [`LOSS_CHECK`].
+async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
+    let mut lost_seen = reader.lost().unwrap_or(0);
+    let mut batch = Vec::new();
+    let mut tick = tokio::time::interval(LOSS_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            e = reader.next() => {
+                let Some(first) = e else { return };
+                batch.push(first);
+                reader.drain_ready(&mut batch);
+                for event in batch.drain(..) {
+                    handle(&ctx, event);
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        if let Ok(lost) = reader.lost()
+            && lost > lost_seen
+        {
+            ctx.metrics.ebpf_ringbuf_lost.inc_by(lost - lost_seen);
+            tracing::warn!(
+                lost = lost - lost_seen,
+                "eBPF ring buffer lost events; relisting everything"
+            );
+            ctx.hints
+                .full(format!("{} kernel events lost", lost - lost_seen));
+            lost_seen = lost;
+        }
+        let stall = lock(&ctx.stall).take();
+        if let Some(pause) = stall {
+            tracing::warn!(?pause, "eBPF reader stalled on request");
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// Finds an unknown cgroup by its ID under the pods' root (rare: a cgroup made
+/// before the probes or while the reader was down).
+fn lookup(ctx: &Ctx, id: u64) -> bool {
+    let root = ctx.setup.mount.join(ctx.setup.prefix.trim_matches('/'));
+    let Some((dir, _)) = cgroup::walk(&root).into_iter().find(|(_, i)| *i == id) else {
+        return false;
+    };
+    let rel = format!(
+        "/{}",
+        dir.strip_prefix(&ctx.setup.mount).unwrap_or(&dir).display()
+    );
+    let _ = lock(&ctx.probes).watch(id);
+    let mut map = lock(&ctx.map);
+    map.insert(id, &rel).is_some() && {
+        if let Some(init) = namespace_init(&dir) {
+            map.exec(id, init);
+        }
+        true
+    }
+}
+
+fn handle(ctx: &Ctx, event: Event) {
+    tracing::trace!(?event, "kernel event");
+    match event {
+        Event::CgroupMkdir(c) => {
+            lock(&ctx.map).insert(c.origin.cgroup_id, &c.path);
+        }
+        Event::CgroupRmdir(c) => {
+            let owner = lock(&ctx.map).remove(c.origin.cgroup_id);
+            if let Some(Owner {
+                uid,
+                container: Some(_),
+                ..
+            }) = owner
+            {
+                ctx.hints.pod(uid, Some(c.origin.ktime_ns));
+            }
+        }
+        Event::Exec { origin, .. } => {
+            let known = lock(&ctx.map).get(origin.cgroup_id).is_some();
+            if !known {
+                lookup(ctx, origin.cgroup_id);
+            }
+            lock(&ctx.map).exec(origin.cgroup_id, origin.tgid);
+        }
+        Event::Exit(e) => {
+            let id = e.origin.cgroup_id;
+            if lock(&ctx.map).get(id).is_none() && !lookup(ctx, id) {
+                ctx.hints.full("process exit in an unknown pod cgroup");
+                return;
+            }
+            let hint = lock(&ctx.map).exit_hint(id, e.origin.tgid);
+            tracing::debug!(tgid = e.origin.tgid, cgroup = id, ?hint, "process exit");
+            if let Some(uid) = hint {
+                ctx.hints.pod(uid, Some(e.origin.ktime_ns));
+            }
+        }
+        Event::OomKill(o) => {
+            let owner = lock(&ctx.map).get(o.origin.cgroup_id).cloned();
+            let Some(owner) = owner else {
+                if o.origin.watched {
+                    ctx.hints.full("OOM kill in an unknown pod cgroup");
+                }
+                tracing::warn!(pid = o.origin.tgid, comm = %o.comm, "OOM kill outside the agent's pods");
+                return;
+            };
+            let status = ctx.cache.get(&owner.uid).and_then(|e| e.status.ok());
+            let container = owner.container.clone().unwrap_or_default();
+            let name = status
+                .as_ref()
+                .and_then(|s| {
+                    s.containers
+                        .iter()
+                        .find(|c| c.id.as_str() == container)
+                        .map(|c| c.name.clone())
+                })
+                .unwrap_or_default();
+            let (namespace, pod) = status
+                .as_ref()
+                .map(|s| (s.namespace.clone(), s.name.clone()))
+                .unwrap_or_default();
+            ctx.metrics
+                .oom_kills
+                .get_or_create(&OomLabel {
+                    namespace: namespace.clone(),
+                    pod: pod.clone(),
+                    container: name.clone(),
+                })
+                .inc();
+            ctx.diagnostics.oom(OomRecord {
+                namespace,
+                pod,
+                pod_uid: owner.uid.0.clone(),
+                container: name,
+                container_id: container,
+                pid: o.origin.tgid,
+                tid: o.origin.pid,
+                comm: o.comm.clone(),
+                cgroup_id: o.origin.cgroup_id,
+                anon_rss_kb: o.rss.map(|r| r.anon_rss_kb),
+                file_rss_kb: o.rss.map(|r| r.file_rss_kb),
+                shmem_rss_kb: o.rss.map(|r| r.shmem_rss_kb),
+                total_vm_kb: o.rss.map(|r| r.total_vm_kb),
+                oom_score_adj: o.oom_score_adj,
+                time: crate::status::now().0.to_string(),
+            });
+            ctx.hints.pod(owner.uid, Some(o.origin.ktime_ns));
+        }
+        Event::ThreadExit(_) | Event::Fork { .. } => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroupfs_and_systemd_paths_name_pod_and_container() {
+        assert_eq!(
+            parse_path("/kubepods/burstable/pod1234-ab/c0ffee"),
+            Some((PodUid::from("1234-ab"), Some("c0ffee".into())))
+        );
+        assert_eq!(
+            parse_path("/evlet-node-16/kubepods/podu1"),
+            Some((PodUid::from("u1"), None))
+        );
+        assert_eq!(
+            parse_path(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice/cri-containerd-abc.scope"
+            ),
+            Some((PodUid::from("12-34"), Some("abc".into())))
+        );
+        assert_eq!(parse_path("/kubepods/burstable"), None);
+    }
+
+    #[test]
+    fn only_the_init_exit_is_a_hint() {
+        let mut map = CgroupMap::default();
+        map.insert(7, "/kubepods/podu/c1");
+        assert_eq!(
+            map.exit_hint(7, 99),
+            Some(PodUid::from("u")),
+            "init unknown: conservatively a hint"
+        );
+        map.exec(7, 100);
+        map.exec(7, 200);
+        assert_eq!(map.exit_hint(7, 200), None, "a later exec's exit is noise");
+        assert_eq!(map.exit_hint(7, 100), Some(PodUid::from("u")));
+        map.insert(8, "/kubepods/podu");
+        assert_eq!(
+            map.exit_hint(8, 1),
+            None,
+            "the pod's own cgroup has no init"
+        );
+    }
+}

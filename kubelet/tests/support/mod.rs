@@ -1,0 +1,293 @@
+//! Shared harness of the `node_*` agent tests: each test starts its own agent
+//! (own node name, root dir, manifest dir) and removes what it made, even on
+//! failure. Tests hold a lock: one agent per runtime at a time, as on a real
+//! node (another agent's pods would be orphans to it).
+#![allow(dead_code, reason = "each test binary uses a different part")]
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use evlet::agent::{self, Handles};
+use evlet::config::{Config, LogFormat, PlegMode};
+use evlet::pod::labels;
+use evlet_cri::{ContainerFilter, ContainerId, Options, RuntimeClient, SandboxFilter, SandboxId};
+use evlet_testkit::{NodeEnv, eventually};
+use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
+use tokio_util::sync::CancellationToken;
+
+static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static N: AtomicU32 = AtomicU32::new(0);
+
+pub struct World {
+    pub node: NodeEnv,
+    pub name: String,
+    pub root: tempfile::TempDir,
+    pub manifests: tempfile::TempDir,
+    pub client: RuntimeClient,
+}
+
+pub struct Running {
+    pub handles: Handles,
+    pub shutdown: CancellationToken,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+pub fn mode() -> PlegMode {
+    match std::env::var("EVLET_E2E_PLEG").as_deref() {
+        Ok("ebpf") => PlegMode::Ebpf,
+        Ok("cri-events") => PlegMode::CriEvents,
+        Ok("generic") | Err(_) => PlegMode::Generic,
+        Ok(other) => panic!("EVLET_E2E_PLEG={other:?}: use generic, ebpf or cri-events"),
+    }
+}
+
+impl World {
+    pub fn config(&self) -> Config {
+        Config {
+            node_name: self.name.clone(),
+            root_dir: self.root.path().to_path_buf(),
+            pod_manifest_path: Some(self.manifests.path().to_path_buf()),
+            manifest_url: None,
+            runtime_endpoint: self.node.endpoint.clone(),
+            cgroup_root: format!("{}/{}", self.node.cgroup_root, self.name),
+            address: "127.0.0.1:0".parse().expect("address"),
+            file_check_frequency: Duration::from_secs(2),
+            http_check_frequency: Duration::from_secs(20),
+            node_ip: Some("127.0.0.1".into()),
+            pleg_mode: mode(),
+            relist_period: Duration::from_secs(1),
+            // Short, so the safety relist runs during each test and would count
+            // any change the hints missed.
+            ebpf_relist_period: Duration::from_secs(2),
+            ebpf_ring_bytes: 1 << 20,
+            log_format: LogFormat::Text,
+        }
+    }
+
+    pub async fn start(&self) -> Running {
+        self.start_with(self.config()).await
+    }
+
+    /// Starts an agent with a modified configuration.
+    /// The requested PLEG mode must be the active one: a test never passes on
+    /// a silent fallback to `generic`.
+    pub async fn start_with(&self, config: Config) -> Running {
+        let shutdown = CancellationToken::new();
+        let wanted = config.pleg_mode;
+        let (handles, task) = agent::start(config, shutdown.clone())
+            .await
+            .expect("agent starts");
+        let active = handles
+            .served
+            .mode
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        assert_eq!(active, wanted.as_str(), "PLEG mode {wanted:?} is active");
+        Running {
+            handles,
+            shutdown,
+            task,
+        }
+    }
+
+    pub fn write(&self, file: &str, yaml: &str) {
+        // Write then rename, as an editor would, so the agent never reads half a file.
+        let tmp = self.manifests.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests.path().join(file)).expect("rename manifest");
+    }
+
+    pub fn remove(&self, file: &str) {
+        std::fs::remove_file(self.manifests.path().join(file)).expect("remove manifest");
+    }
+
+    pub fn pod_name(&self, name: &str) -> String {
+        format!("{name}-{}", self.name)
+    }
+
+    /// Sandboxes and containers of pods named `<name>-<node>` (all states).
+    pub async fn runtime_objects(&self, name: &str) -> (Vec<String>, Vec<String>) {
+        let pod = self.pod_name(name);
+        let sandboxes = self
+            .client
+            .list_pod_sandbox(SandboxFilter::new().label(labels::POD_NAME, pod.clone()))
+            .await
+            .expect("list sandboxes");
+        let containers = self
+            .client
+            .list_containers(ContainerFilter::new().label(labels::POD_NAME, pod))
+            .await
+            .expect("list containers");
+        (
+            sandboxes.into_iter().map(|s| s.id).collect(),
+            containers.into_iter().map(|c| c.id).collect(),
+        )
+    }
+
+    /// Removes every pod of this test's node from the runtime, and its cgroups.
+    pub async fn cleanup(&self) {
+        let suffix = format!("-{}", self.name);
+        if let Ok(sandboxes) = self.client.list_pod_sandbox(SandboxFilter::new()).await {
+            for s in sandboxes.into_iter().filter(|s| {
+                s.labels
+                    .get(labels::POD_NAME)
+                    .is_some_and(|n| n.ends_with(&suffix))
+            }) {
+                let id = SandboxId::new(s.id);
+                let _ = self.client.stop_pod_sandbox(&id).await;
+                let _ = self.client.remove_pod_sandbox(&id).await;
+            }
+        }
+        self.node.remove_cgroups(&self.name);
+    }
+}
+
+impl Running {
+    pub fn status(&self, pod: &str) -> Option<PodStatus> {
+        self.handles
+            .workers
+            .views()
+            .into_iter()
+            .find(|v| v.pod.metadata.name.as_deref() == Some(pod))
+            .map(|v| v.status)
+    }
+
+    /// The container ID of `pod`'s container `name` once it runs.
+    pub async fn running_id(&self, pod: &str, name: &str) -> String {
+        self.wait_status(pod, "the container running", Duration::from_secs(60), |s| {
+            container(s, name)
+                .filter(|_| running(s, name))
+                .and_then(|c| c.container_id.clone())
+        })
+        .await
+    }
+
+    pub async fn wait_status<T>(
+        &self,
+        pod: &str,
+        what: &str,
+        limit: Duration,
+        check: impl Fn(&PodStatus) -> Option<T>,
+    ) -> T {
+        eventually(limit, what, || async {
+            self.status(pod).as_ref().and_then(&check)
+        })
+        .await
+    }
+
+    /// Stops the agent, checking first that no state change escaped the hints.
+    pub async fn stop(self) {
+        let missed = self
+            .handles
+            .metrics
+            .encode()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("evlet_pleg_missed_events_total ")
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
+        self.shutdown.cancel();
+        let _ = self.task.await;
+        assert_eq!(
+            missed, "0",
+            "the safety relist found changes no hint announced"
+        );
+    }
+}
+
+pub fn container<'a>(status: &'a PodStatus, name: &str) -> Option<&'a ContainerStatus> {
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .find(|c| c.name == name)
+}
+
+/// The exit code of container `name` if it is terminated now.
+pub fn exit_code(status: &PodStatus, name: &str) -> Option<i32> {
+    container(status, name)?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|t| t.exit_code)
+}
+
+pub fn running(status: &PodStatus, name: &str) -> bool {
+    container(status, name)
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.running.is_some())
+}
+
+pub async fn e2e<F, Fut>(test: &str, body: F)
+where
+    F: FnOnce(std::sync::Arc<World>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(node) = evlet_testkit::node(test) else {
+        return;
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(filter)
+        .try_init();
+    let _guard = LOCK.lock().await;
+    let client = RuntimeClient::connect(&node.endpoint, Options::default()).expect("endpoint");
+    let world = std::sync::Arc::new(World {
+        name: format!(
+            "e2e{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ),
+        node,
+        root: tempfile::tempdir().expect("root"),
+        manifests: tempfile::tempdir().expect("manifests"),
+        client,
+    });
+    let outcome = tokio::spawn(body(world.clone())).await;
+    world.cleanup().await;
+    if let Err(err) = outcome {
+        std::panic::resume_unwind(err.into_panic());
+    }
+}
+
+/// The host PID of the init process of `pod`'s running container `name`,
+/// with its container ID.
+pub async fn init_pid(world: &World, agent: &Running, pod: &str, name: &str) -> (String, u32) {
+    let id = agent.running_id(pod, name).await;
+    let cid = ContainerId::new(id.trim_start_matches("containerd://"));
+    let pid = world
+        .client
+        .container_pid(&cid)
+        .await
+        .expect("verbose status")
+        .expect("pid");
+    (id, pid)
+}
+
+/// SIGKILLs a container init process this test started.
+pub fn sigkill((_, pid): (String, u32)) {
+    // SAFETY: plain kill(2) of a process the test's own pod runs.
+    assert_eq!(
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) },
+        0,
+        "kill {pid}"
+    );
+}
+
+/// SIGKILLs the init process of `pod`'s container `name` (which must be running)
+/// and returns its container ID.
+pub async fn kill(world: &World, agent: &Running, pod: &str, name: &str) -> String {
+    let (id, pid) = init_pid(world, agent, pod, name).await;
+    sigkill((id.clone(), pid));
+    id
+}
+
+/// The workload image.
+pub const IMAGE: &str = "evlet.local/test:v1";
