@@ -2,7 +2,8 @@
 //!
 //! Test targets are classified by name: `node_*` need a private containerd
 //! (run once per containerd line with the node's environment), `kernel_*` need
-//! root and the host kernel's eBPF; all others are plain tests. A privileged
+//! root and the host kernel's eBPF; all others are plain tests. The agent's
+//! end-to-end suite (`node_agent`) runs once per PLEG mode the line supports. A privileged
 //! test that cannot run fails under `CI=true` (see `evlet-testkit`).
 
 use std::process::Command;
@@ -86,6 +87,17 @@ pub fn test_targets() -> Result<Targets> {
     Ok(targets)
 }
 
+/// The agent's end-to-end suite, run in every PLEG mode.
+const E2E_SUITE: &str = "node_agent";
+
+/// The PLEG modes beyond `generic` a containerd line supports.
+fn pleg_modes(version: Version) -> &'static [&'static str] {
+    match version {
+        Version::V1_6 => &["ebpf"],
+        Version::V1_7 | Version::V2_1 => &["ebpf", "cri-events"],
+    }
+}
+
 fn with_tests<'a>(mut args: Vec<&'a str>, tests: &'a [String]) -> Vec<&'a str> {
     for t in tests {
         args.extend(["--test", t.as_str()]);
@@ -129,8 +141,18 @@ pub fn test(options: &Options) -> Result<()> {
         let node = Node::new(*version);
         let result = node.up().and_then(|()| {
             let mut cmd = cargo(&with_tests(vec!["test", "--locked"], &targets.node));
-            cmd.envs(node.env());
-            sh::run(&mut cmd)
+            cmd.envs(node.env()).env("EVLET_E2E_PLEG", "generic");
+            sh::run(&mut cmd)?;
+            if !targets.node.iter().any(|t| t == E2E_SUITE) {
+                return Ok(());
+            }
+            for mode in pleg_modes(*version) {
+                eprintln!("test: {E2E_SUITE} in PLEG mode {mode} on containerd {version:?}");
+                let mut cmd = cargo(&["test", "--locked", "--test", E2E_SUITE]);
+                cmd.envs(node.env()).env("EVLET_E2E_PLEG", mode);
+                sh::run(&mut cmd).with_context(|| format!("{E2E_SUITE} in PLEG mode {mode}"))?;
+            }
+            Ok(())
         });
         let down = node.down();
         if let Err(err) = result {
