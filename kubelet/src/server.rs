@@ -93,6 +93,29 @@ async fn pods(State(s): State<Arc<Served>>) -> Response {
     axum::Json(body).into_response()
 }
 
+/// One pod as a `v1.Pod` with its status, or 404.
+async fn pod(
+    State(s): State<Arc<Served>>,
+    axum::extract::Path((namespace, name)): axum::extract::Path<(String, String)>,
+) -> Response {
+    let found = s.workers.views().into_iter().find(|v| {
+        v.pod.metadata.name.as_deref() == Some(name.as_str())
+            && v.pod.metadata.namespace.as_deref().unwrap_or("default") == namespace
+    });
+    match found {
+        Some(v) => {
+            let mut pod = v.pod;
+            pod.status = Some(v.status);
+            axum::Json(pod).into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{name} not found\n"),
+        )
+            .into_response(),
+    }
+}
+
 async fn events(State(s): State<Arc<Served>>) -> Response {
     axum::Json(s.diagnostics.events()).into_response()
 }
@@ -114,6 +137,7 @@ pub fn router(served: Arc<Served>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/pods", get(pods))
+        .route("/pods/{namespace}/{name}", get(pod))
         .route("/metrics", get(metrics))
         .route("/events", get(events))
         .route("/debug/oom", get(ooms))

@@ -156,6 +156,7 @@ impl Relister {
     fn send(&self, events: Vec<PodLifecycleEvent>) -> usize {
         let n = events.len();
         for e in events {
+            tracing::debug!(target: "evlet::pleg::event", pod = %e.uid, kind = ?e.kind, id = %e.data, "pleg event");
             if self.events.try_send(e).is_err() {
                 self.metrics.pleg_discard_events.inc();
                 tracing::error!("event channel is full, discarding this relist cycle's event");
