@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use evlet_cri::{ContainerFilter, ErrorKind, SandboxFilter, api};
-use evlet_testkit::within;
+use evlet_testkit::{eventually, within};
 use support::{LABEL, case};
 use tokio_stream::StreamExt as _;
 
@@ -68,9 +68,17 @@ async fn exec_sync_returns_output_and_exit_code() {
             .await
             .expect("verbose status")
             .expect("containerd reports the init pid");
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .expect("the pid is a live host process");
-        assert_eq!(comm.trim(), "sleep");
+        // The init is the shell that runs the command until it execs `sleep`.
+        eventually(
+            Duration::from_secs(5),
+            "the init pid to run sleep",
+            || async {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .expect("the pid is a live host process");
+                (comm.trim() == "sleep").then_some(())
+            },
+        )
+        .await;
         let out = c
             .client
             .exec_sync(
