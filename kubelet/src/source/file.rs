@@ -122,7 +122,12 @@ impl FileSource {
                 .map(Path::to_path_buf)
                 .unwrap_or_default()
         };
-        let watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+        let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            // inotify also reports opens and reads; the scan's own reads must not
+            // wake the next scan (a loop that would parse every manifest 10×/s).
+            if res.is_ok_and(|e| e.kind.is_access()) {
+                return;
+            }
             let _ = wake_tx.try_send(());
         });
         let _watcher = match watcher {
