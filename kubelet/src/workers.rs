@@ -303,6 +303,10 @@ impl Worker {
                     {
                         continue;
                     }
+                    // Like upstream's SyncPod: what the runtime says goes out before
+                    // any action, so an exit is visible while the sync reacts to it.
+                    let extra = sync_extra(&waiting, &start_time, host_ip.as_deref(), failed);
+                    self.publish(&current, &runtime, &extra, Phase::Sync);
                     let token = {
                         let mut t = lock(&self.cancel_sync);
                         *t = CancellationToken::new();
@@ -315,7 +319,9 @@ impl Worker {
                         .syncer
                         .sync_pod(&current, &runtime, &token)
                         .await;
-                    last_sync = Some(started);
+                    // Upstream stamps the end: a relist made while the sync ran may show
+                    // its half-done work (a container created, not yet started).
+                    last_sync = Some(Instant::now());
                     self.shared
                         .metrics
                         .pod_worker_duration
@@ -339,15 +345,9 @@ impl Worker {
                     };
                     self.sync_finished(changed);
                     next_resync = Some(Instant::now() + delay);
-                    let extra = status::Extra {
-                        waiting: Some(&waiting),
-                        start_time: Some(start_time.clone()),
-                        host_ip: host_ip.as_deref(),
-                        failed,
-                        rejected: None,
-                    };
-                    // The status reflects the cache as the sync saw it; the next
-                    // relist's event triggers a sync that refreshes it.
+                    // The status reflects the cache as the sync saw it, with this
+                    // sync's waiting reasons; the next relist's event refreshes it.
+                    let extra = sync_extra(&waiting, &start_time, host_ip.as_deref(), failed);
                     self.publish(&current, &runtime, &extra, Phase::Sync);
                 }
                 Phase::Terminating(grace) => {
@@ -357,10 +357,9 @@ impl Worker {
                         return;
                     };
                     self.sync_started();
-                    let started = Instant::now();
                     let result = self.shared.syncer.kill_pod(&current, &runtime, grace).await;
                     self.sync_finished(true);
-                    last_sync = Some(started);
+                    last_sync = Some(Instant::now());
                     match result {
                         Ok(()) => {
                             tracing::info!(pod = %pod::key(&current), "pod terminated");
@@ -388,10 +387,9 @@ impl Worker {
                         return;
                     };
                     self.sync_started();
-                    let started = Instant::now();
                     let result = self.shared.syncer.remove_pod(&current, &runtime).await;
                     self.sync_finished(true);
-                    last_sync = Some(started);
+                    last_sync = Some(Instant::now());
                     match result {
                         Ok(()) => {
                             tracing::info!(pod = %pod::key(&current), "pod removed");
@@ -406,5 +404,21 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// The status inputs of a pod in the Sync phase.
+fn sync_extra<'a>(
+    waiting: &'a BTreeMap<String, Waiting>,
+    start_time: &Time,
+    host_ip: Option<&'a str>,
+    failed: bool,
+) -> status::Extra<'a> {
+    status::Extra {
+        waiting: Some(waiting),
+        start_time: Some(start_time.clone()),
+        host_ip,
+        failed,
+        rejected: None,
     }
 }
