@@ -6,8 +6,10 @@
 //! * `run`: setup, node up, and evlet with the example static pods
 //! * `test`: setup, fmt, clippy, unit tests, privileged node and kernel tests, vm-test
 //! * `vm-test`: the kernel probe tests in Debian kernels under qemu
+//! * `bench`: the PLEG modes side by side (latency, CPU, memory, start-up)
 
 mod apt;
+mod bench;
 mod containerd;
 mod image;
 mod node;
@@ -61,6 +63,8 @@ enum Task {
     Test(test::Options),
     /// Run the kernel probe tests inside Debian kernels 5.10, 6.1, 6.12 and sid under qemu.
     VmTest(vm::Options),
+    /// Benchmark the PLEG modes on the containerd 1.7 node (bench/results).
+    Bench(bench::Options),
 }
 
 #[derive(Debug, Subcommand)]
@@ -97,6 +101,7 @@ fn main() -> Result<()> {
             args,
         } => run::run(containerd, duration, &args),
         Task::Test(options) => test::test(&options),
+        Task::Bench(options) => bench::bench(&options),
         Task::VmTest(options) => {
             setup::setup()?;
             vm::vm_test(&options, &test::test_targets()?.kernel)

@@ -29,6 +29,7 @@ const PACKAGES: &[(&str, &str)] = &[
         "the kernel test matrix (cargo xtask vm-test)",
     ),
     ("cpio", "packing VM initramfs images"),
+    ("fonts-dejavu-core", "text in the benchmark's PNG chart"),
     ("protobuf-compiler", "generating the CRI gRPC types"),
     (
         "iproute2",

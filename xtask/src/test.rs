@@ -3,7 +3,8 @@
 //! Test targets are classified by name: `node_*` need a private containerd
 //! (run once per containerd line with the node's environment), `kernel_*` need
 //! root and the host kernel's eBPF; all others are plain tests. The agent's
-//! end-to-end suite (`node_agent`) runs once per PLEG mode the line supports. A privileged
+//! end-to-end suite (`node_agent`) runs once per PLEG mode the line supports.
+//! `cargo xtask bench --quick` then proves the benchmark harness works. A privileged
 //! test that cannot run fails under `CI=true` (see `evlet-testkit`).
 
 use std::process::Command;
@@ -27,6 +28,9 @@ pub struct Options {
     /// Skip the qemu kernel matrix.
     #[arg(long)]
     no_vm: bool,
+    /// Skip the quick benchmark run.
+    #[arg(long)]
+    no_bench: bool,
     /// Options of the kernel matrix.
     #[command(flatten)]
     vm: crate::vm::Options,
@@ -164,6 +168,10 @@ pub fn test(options: &Options) -> Result<()> {
     }
     if !failures.is_empty() {
         bail!("node tests failed:\n{}", failures.join("\n"));
+    }
+    if !options.no_bench {
+        crate::bench::bench(&crate::bench::Options::quick())
+            .context("the benchmark harness (cargo xtask bench --quick)")?;
     }
     if !options.no_vm && !targets.kernel.is_empty() {
         crate::vm::vm_test(&options.vm, &targets.kernel)?;

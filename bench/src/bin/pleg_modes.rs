@@ -1,0 +1,638 @@
+//! PLEG modes side by side on the real runtime and kernel.
+//!
+//! For each pod count N and each PLEG mode (`generic`, `cri-events`, `ebpf`) this starts
+//! the release `evlet` on the same private containerd with N static pods and measures:
+//! 1. batch start: N manifests written → every pod Running (per pod and total);
+//! 2. idle CPU of evlet (its own cgroup2 `cpu.stat`) and of containerd (`/proc/<pid>/stat`)
+//!    over a fixed window with N pods running, and evlet's RSS;
+//! 3. container kills at random pods: SIGKILL of the init process (the ground truth)
+//!    → the PLEG's ContainerDied event (evlet's JSON log) and → `/pods/<ns>/<name>`
+//!    showing the container terminated, next to → CRI `ContainerStatus` reporting
+//!    EXITED (polled every 1 ms: the floor of any agent that reads the runtime);
+//! 4. an OOM kill: the kernel's message on `/dev/kmsg` → `OOMKilled` in the pod status;
+//! 5. once per N, the CRI status calls a relist makes (PodSandboxStatus + ContainerStatus)
+//!    against the N real pods: calls/s and latency, one at a time and 8 in flight.
+//!
+//! Output: `<out>/<timestamp>.json` (with every sample), `.md` (tables with ratios
+//! against `ebpf`) and `.png`; full runs also refresh `latest.*`.
+//!
+//! Run it through xtask, which sets up the machine and the containerd 1.7 node:
+//!
+//! ```sh
+//! cargo xtask bench                       # N = 10,100,500, all modes (~25 min here)
+//! cargo xtask bench --quick               # N = 10, short windows: checks the harness
+//! cargo xtask bench --pods 100 --modes generic,ebpf
+//! ```
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Parser;
+use evlet_bench::report::{self, CriCalls, Machine, Results, Run};
+use evlet_bench::{Agent, AgentSpec, Endpoint, NODE, Summary, pleg_events, process_cpu, rss_mib};
+use evlet_cri::{
+    ContainerFilter, ContainerId, Options, RuntimeClient, SandboxFilter, SandboxId, api,
+};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Pod counts (`cargo xtask bench` passes its defaults).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pods: Vec<usize>,
+    /// PLEG modes, in order; the first also measures the CRI calls.
+    #[arg(long, value_delimiter = ',', required = true)]
+    modes: Vec<String>,
+    /// N = 10 and short windows: proves the harness works, numbers are not comparable.
+    #[arg(long)]
+    quick: bool,
+    /// The evlet binary.
+    #[arg(long, env = "EVLET_BIN")]
+    evlet: PathBuf,
+    /// The build profile of that binary (for the report).
+    #[arg(long, default_value = "release")]
+    profile: String,
+    /// Where results go.
+    #[arg(long)]
+    out: PathBuf,
+    /// Scratch space (manifests, agent root, logs).
+    #[arg(long)]
+    work: PathBuf,
+    /// The command line to print in the report.
+    #[arg(long, default_value = "cargo xtask bench")]
+    command: String,
+    /// Container kills per run.
+    #[arg(long)]
+    kills: Option<usize>,
+    /// Idle window per run, seconds.
+    #[arg(long)]
+    idle: Option<u64>,
+}
+
+/// The node the xtask brought up (its `node.env`).
+#[derive(Debug, Clone)]
+struct Node {
+    endpoint: String,
+    cgroup_root: String,
+    image: String,
+    containerd_pid: u32,
+}
+
+impl Node {
+    fn from_env() -> Result<Self> {
+        let var = |k: &str| {
+            std::env::var(k)
+                .with_context(|| format!("{k} is not set: run through `cargo xtask bench`"))
+        };
+        let dir = PathBuf::from(var("EVLET_NODE_DIR")?);
+        let pid_file = dir.join("containerd.pid");
+        let containerd_pid = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("reading {}", pid_file.display()))?
+            .trim()
+            .parse()
+            .context("containerd pid file")?;
+        Ok(Self {
+            endpoint: var("EVLET_CRI_ENDPOINT")?,
+            cgroup_root: format!("{}/bench", var("EVLET_CGROUP_ROOT")?),
+            image: var("EVLET_TEST_IMAGE")?,
+            containerd_pid,
+        })
+    }
+}
+
+/// Durations of the phases.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    kills: usize,
+    idle: Duration,
+    settle: Duration,
+    cri_window: Duration,
+    poll: Duration,
+}
+
+const ADDRESS: &str = "127.0.0.1:10256";
+const APP: &str = "app";
+
+fn pod_name(i: usize) -> String {
+    format!("b{i}-{NODE}")
+}
+
+fn manifest(i: usize, image: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: b{i}}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: {APP}\n    image: {image}\n    command: [/bin/sleep, '86400']\n"
+    )
+}
+
+fn oom_manifest(image: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: oom}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: hog\n    image: {image}\n    command: [/bin/memhog, '256']\n    resources: {{limits: {{memory: 64Mi}}}}\n"
+    )
+}
+
+fn write_manifest(dir: &Path, name: &str, yaml: &str) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, yaml)?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    Ok(())
+}
+
+/// The first container status of a pod JSON.
+fn first_container(pod: &serde_json::Value) -> &serde_json::Value {
+    &pod["status"]["containerStatuses"][0]
+}
+
+fn is_running(pod: &serde_json::Value) -> bool {
+    first_container(pod)["state"]["running"].is_object()
+}
+
+/// Polls one pod until `done` holds; the time it took, or `None` after `limit`.
+async fn poll_pod(
+    http: &Endpoint,
+    name: &str,
+    every: Duration,
+    limit: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> Option<Instant> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(pod)) = http.json(&format!("/pods/default/{name}")).await
+            && done(&pod)
+        {
+            return Some(Instant::now());
+        }
+        tokio::time::sleep(every).await;
+    }
+    None
+}
+
+/// Writes N manifests at once and waits until every pod runs.
+async fn batch_start(
+    agent: &Agent,
+    manifests: &Path,
+    node: &Node,
+    pods: usize,
+    plan: Plan,
+    run: &mut Run,
+) -> Result<()> {
+    let written = Instant::now();
+    for i in 0..pods {
+        write_manifest(manifests, &format!("b{i}.yaml"), &manifest(i, &node.image))?;
+    }
+    let mut seen: HashMap<String, Duration> = HashMap::new();
+    let deadline = written + Duration::from_secs(120 + pods as u64);
+    while seen.len() < pods {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {pods} pods ran after {:?}",
+                seen.len(),
+                written.elapsed()
+            );
+        }
+        tokio::time::sleep(plan.poll).await;
+        let Some(list) = agent.http.json("/pods").await? else {
+            bail!("/pods is missing");
+        };
+        let now = written.elapsed();
+        for pod in list["items"].as_array().into_iter().flatten() {
+            if let Some(name) = pod["metadata"]["name"].as_str()
+                && is_running(pod)
+            {
+                seen.entry(name.to_owned()).or_insert(now);
+            }
+        }
+    }
+    let per_pod: Vec<Duration> = seen.values().copied().collect();
+    run.start_total_s = per_pod
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or_default()
+        .as_secs_f64();
+    run.start_per_pod = Summary::of(&per_pod);
+    run.start_poll_ms = plan.poll.as_millis() as u64;
+    Ok(())
+}
+
+/// CPU of evlet and containerd over the idle window, and evlet's RSS at its end.
+async fn idle(agent: &Agent, node: &Node, plan: Plan, run: &mut Run) -> Result<()> {
+    tokio::time::sleep(plan.settle).await;
+    let (e0, c0, t0) = (
+        agent.cpu()?,
+        process_cpu(node.containerd_pid)?,
+        Instant::now(),
+    );
+    tokio::time::sleep(plan.idle).await;
+    let (e1, c1, window) = (
+        agent.cpu()?,
+        process_cpu(node.containerd_pid)?,
+        t0.elapsed(),
+    );
+    let pct = |a: Duration, b: Duration| {
+        (b.saturating_sub(a)).as_secs_f64() / window.as_secs_f64() * 100.0
+    };
+    run.idle_window_s = window.as_secs_f64();
+    run.evlet_cpu_pct = pct(e0, e1);
+    run.containerd_cpu_pct = pct(c0, c1);
+    run.evlet_rss_mib = rss_mib(agent.pid)?;
+    Ok(())
+}
+
+/// Kills the app container of random distinct pods; returns (container ID, kill
+/// wall time) for the event lookup and records kill → status.
+async fn kills(
+    agent: &Agent,
+    client: &RuntimeClient,
+    pods: usize,
+    plan: Plan,
+    run: &mut Run,
+) -> Result<Vec<(String, SystemTime)>> {
+    let mut order: Vec<usize> = (0..pods).collect();
+    fastrand::shuffle(&mut order);
+    let mut killed = Vec::new();
+    let mut to_status = Vec::new();
+    let mut to_runtime = Vec::new();
+    const LIMIT: Duration = Duration::from_secs(15);
+    for i in order.into_iter().take(plan.kills) {
+        let name = pod_name(i);
+        let Some(pod) = agent.http.json(&format!("/pods/default/{name}")).await? else {
+            run.errors.push(format!("{name}: not in /pods"));
+            continue;
+        };
+        let Some(id) = first_container(&pod)["containerID"]
+            .as_str()
+            .map(|s| s.trim_start_matches("containerd://").to_owned())
+        else {
+            run.errors.push(format!("{name}: no container ID"));
+            continue;
+        };
+        let Some(pid) = client.container_pid(&ContainerId::new(id.clone())).await? else {
+            run.errors.push(format!("{name}: no init pid"));
+            continue;
+        };
+        let wall = SystemTime::now();
+        let sent = Instant::now();
+        // SAFETY: SIGKILL to the init process of a container this benchmark created.
+        if unsafe { libc::kill(pid as i32, libc::SIGKILL) } != 0 {
+            run.errors.push(format!("{name}: kill {pid} failed"));
+            continue;
+        }
+        let cid = ContainerId::new(id.clone());
+        let in_status = poll_pod(&agent.http, &name, Duration::from_millis(2), LIMIT, |p| {
+            let c = first_container(p);
+            c["state"]["terminated"].is_object()
+                && c["containerID"].as_str().is_some_and(|s| s.ends_with(&id))
+        });
+        // The floor any CRI-based agent has: when the runtime itself reports the exit.
+        let in_runtime = async {
+            while sent.elapsed() < LIMIT {
+                if let Ok(c) = client.container_status(&cid).await
+                    && c.state == api::ContainerState::ContainerExited as i32
+                {
+                    return Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            None
+        };
+        let (seen, runtime) = tokio::join!(in_status, in_runtime);
+        match seen {
+            Some(at) => to_status.push(at - sent),
+            None => run
+                .errors
+                .push(format!("{name}: kill not in status after {LIMIT:?}")),
+        }
+        match runtime {
+            Some(at) => to_runtime.push(at - sent),
+            None => run
+                .errors
+                .push(format!("{name}: CRI never reported the exit")),
+        }
+        killed.push((id, wall));
+        // Random phase against any periodic relist.
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(100..600))).await;
+    }
+    run.kill_to_status = Summary::of(&to_status);
+    run.kill_to_runtime = Summary::of(&to_runtime);
+    Ok(killed)
+}
+
+/// Waits on `/dev/kmsg` for the kernel's OOM-kill message about `comm`.
+fn kmsg_oom(comm: &'static str) -> Result<tokio::sync::oneshot::Receiver<Instant>> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut kmsg = std::fs::File::open("/dev/kmsg").context("opening /dev/kmsg")?;
+    kmsg.seek(SeekFrom::End(0))?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 8192];
+        // One record per read; ends when the message comes (or the process does).
+        while let Ok(n) = kmsg.read(&mut buf) {
+            let record = String::from_utf8_lossy(&buf[..n]);
+            if record.contains(comm)
+                && (record.contains("Killed process") || record.contains("oom-kill"))
+            {
+                let _ = tx.send(Instant::now());
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+async fn oom(agent: &Agent, manifests: &Path, node: &Node, run: &mut Run) -> Result<()> {
+    let killed = kmsg_oom("memhog")?;
+    write_manifest(manifests, "oom.yaml", &oom_manifest(&node.image))?;
+    let name = format!("oom-{NODE}");
+    let seen = poll_pod(
+        &agent.http,
+        &name,
+        Duration::from_millis(2),
+        Duration::from_secs(60),
+        |p| first_container(p)["state"]["terminated"]["reason"] == "OOMKilled",
+    )
+    .await;
+    let kernel = tokio::time::timeout(Duration::from_secs(1), killed).await;
+    match (seen, kernel) {
+        (Some(seen), Ok(Ok(kernel))) => {
+            run.oom_to_status_ms = Some(seen.saturating_duration_since(kernel).as_secs_f64() * 1e3);
+        }
+        (None, _) => run.errors.push("OOMKilled not in status after 60 s".into()),
+        (_, _) => run.errors.push("no OOM message on /dev/kmsg".into()),
+    }
+    Ok(())
+}
+
+/// Kill → ContainerDied from evlet's log.
+fn events(log: &Path, killed: &[(String, SystemTime)], run: &mut Run) -> Result<()> {
+    let seen = pleg_events(log, "ContainerDied")?;
+    let mut lat = Vec::new();
+    for (id, wall) in killed {
+        let Some(at) = seen.get(id) else {
+            run.errors.push(format!(
+                "no ContainerDied event for {}",
+                &id[..12.min(id.len())]
+            ));
+            continue;
+        };
+        let sent = jiff::Timestamp::try_from(*wall)?;
+        let d = at.duration_since(sent);
+        lat.push(Duration::try_from(d).unwrap_or_default());
+    }
+    run.kill_to_event = Summary::of(&lat);
+    Ok(())
+}
+
+/// PodSandboxStatus + ContainerStatus against the running pods.
+async fn cri_calls(client: &RuntimeClient, pods: usize, window: Duration) -> Result<CriCalls> {
+    let containers = client.list_containers(ContainerFilter::new()).await?;
+    let pairs: Arc<Vec<(SandboxId, ContainerId)>> = Arc::new(
+        containers
+            .into_iter()
+            .filter(|c| {
+                c.labels
+                    .get("io.kubernetes.pod.name")
+                    .is_some_and(|n| n.ends_with(&format!("-{NODE}")))
+            })
+            .map(|c| (SandboxId::new(c.pod_sandbox_id), ContainerId::new(c.id)))
+            .collect(),
+    );
+    if pairs.is_empty() {
+        bail!("no bench containers to query");
+    }
+    let one = |client: RuntimeClient, pairs: Arc<Vec<(SandboxId, ContainerId)>>| async move {
+        let mut lat = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < window {
+            let (s, c) = &pairs[fastrand::usize(..pairs.len())];
+            let t = Instant::now();
+            client.pod_sandbox_status(s, false).await?;
+            client.container_status(c).await?;
+            lat.push(t.elapsed());
+        }
+        anyhow::Ok((lat, start.elapsed()))
+    };
+    let (lat, took) = one(client.clone(), Arc::clone(&pairs)).await?;
+    let sequential = 2.0 * lat.len() as f64 / took.as_secs_f64();
+    let mut set = tokio::task::JoinSet::new();
+    let start = Instant::now();
+    for _ in 0..8 {
+        set.spawn(one(client.clone(), Arc::clone(&pairs)));
+    }
+    let mut calls = 0;
+    while let Some(r) = set.join_next().await {
+        calls += 2 * r??.0.len();
+    }
+    Ok(CriCalls {
+        pods,
+        sequential_calls_per_s: sequential,
+        pair_latency: Summary::of(&lat),
+        concurrent8_calls_per_s: calls as f64 / start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Stops and removes every sandbox of the benchmark's node.
+async fn cleanup(client: &RuntimeClient) -> Result<()> {
+    let sandboxes = client.list_pod_sandbox(SandboxFilter::new()).await?;
+    let ids: Vec<SandboxId> = sandboxes
+        .into_iter()
+        .filter(|s| {
+            s.labels
+                .get("io.kubernetes.pod.name")
+                .is_some_and(|n| n.ends_with(&format!("-{NODE}")))
+        })
+        .map(|s| SandboxId::new(s.id))
+        .collect();
+    for chunk in ids.chunks(8) {
+        let mut set = tokio::task::JoinSet::new();
+        for id in chunk {
+            let (client, id) = (client.clone(), id.clone());
+            set.spawn(async move {
+                client.stop_pod_sandbox(&id).await?;
+                client.remove_pod_sandbox(&id).await
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            r??;
+        }
+    }
+    Ok(())
+}
+
+struct Ctx {
+    args: Args,
+    node: Node,
+    client: RuntimeClient,
+    plan: Plan,
+}
+
+async fn one(
+    ctx: &Ctx,
+    mode: &str,
+    pods: usize,
+    measure_cri: bool,
+) -> Result<(Run, Option<CriCalls>)> {
+    let manifests = ctx.args.work.join("manifests");
+    let root = ctx.args.work.join("root");
+    for d in [&manifests, &root] {
+        let _ = std::fs::remove_dir_all(d);
+        std::fs::create_dir_all(d)?;
+    }
+    let log = ctx.args.work.join(format!("evlet-{mode}-{pods}.log"));
+    let spec = AgentSpec {
+        binary: ctx.args.evlet.clone(),
+        mode: mode.to_owned(),
+        manifests: manifests.clone(),
+        root,
+        endpoint: ctx.node.endpoint.clone(),
+        cgroup_root: ctx.node.cgroup_root.clone(),
+        address: ADDRESS.into(),
+        log: log.clone(),
+    };
+    let mut run = Run {
+        mode: mode.to_owned(),
+        pods,
+        ..Run::default()
+    };
+    eprintln!("bench: {mode} with {pods} pods: starting");
+    let agent = Agent::start(&spec).await?;
+    let measured = async {
+        batch_start(&agent, &manifests, &ctx.node, pods, ctx.plan, &mut run).await?;
+        eprintln!(
+            "bench: {mode} with {pods} pods: all running after {:.1}s; idle window",
+            run.start_total_s
+        );
+        idle(&agent, &ctx.node, ctx.plan, &mut run).await?;
+        eprintln!("bench: {mode} with {pods} pods: kills");
+        let killed = kills(&agent, &ctx.client, pods, ctx.plan, &mut run).await?;
+        oom(&agent, &manifests, &ctx.node, &mut run).await?;
+        anyhow::Ok(killed)
+    }
+    .await;
+    agent.stop().await?;
+    let killed =
+        measured.with_context(|| format!("{mode} with {pods} pods (log {})", log.display()))?;
+    events(&log, &killed, &mut run)?;
+    let cri = if measure_cri {
+        Some(cri_calls(&ctx.client, pods, ctx.plan.cri_window).await?)
+    } else {
+        None
+    };
+    cleanup(&ctx.client).await?;
+    Ok((run, cri))
+}
+
+fn machine(containerd: String, profile: &str) -> Machine {
+    let memory_kib: f64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0.0);
+    Machine {
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        memory_gib: memory_kib / 1024.0 / 1024.0,
+        containerd,
+        evlet_profile: profile.to_owned(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.pods = vec![10];
+    }
+    let plan = if args.quick {
+        Plan {
+            kills: args.kills.unwrap_or(3),
+            idle: Duration::from_secs(args.idle.unwrap_or(3)),
+            settle: Duration::from_secs(1),
+            cri_window: Duration::from_secs(1),
+            poll: Duration::from_millis(100),
+        }
+    } else {
+        Plan {
+            kills: args.kills.unwrap_or(30),
+            idle: Duration::from_secs(args.idle.unwrap_or(60)),
+            settle: Duration::from_secs(5),
+            cri_window: Duration::from_secs(10),
+            poll: Duration::from_millis(100),
+        }
+    };
+    let node = Node::from_env()?;
+    let client = RuntimeClient::connect(&node.endpoint, Options::default())?;
+    let version = client.version().await?;
+    std::fs::create_dir_all(&args.work)?;
+    std::fs::create_dir_all(&args.out)?;
+    let started = jiff::Timestamp::now();
+    let mut results = Results {
+        started: started.strftime("%Y-%m-%d %H:%M UTC").to_string(),
+        command: args.command.clone(),
+        quick: args.quick,
+        machine: machine(
+            format!("{} {}", version.runtime_name, version.runtime_version),
+            &args.profile,
+        ),
+        runs: Vec::new(),
+        cri: Vec::new(),
+    };
+    let ctx = Ctx {
+        args,
+        node,
+        client,
+        plan,
+    };
+    cleanup(&ctx.client).await?;
+    for &pods in &ctx.args.pods {
+        for (k, mode) in ctx.args.modes.iter().enumerate() {
+            let (run, cri) = match one(&ctx, mode, pods, k == 0).await {
+                Ok(done) => done,
+                Err(err) => {
+                    eprintln!("bench: cleaning up after the failure");
+                    let _ = cleanup(&ctx.client).await;
+                    return Err(err);
+                }
+            };
+            if let Some(c) = cri {
+                results.cri.push(c);
+            }
+            results.runs.push(run);
+        }
+    }
+    let stem = ctx
+        .args
+        .out
+        .join(started.strftime("%Y%m%dT%H%M%SZ").to_string());
+    let json = serde_json::to_string_pretty(&results)?;
+    let md = report::markdown(&results);
+    std::fs::write(stem.with_extension("json"), &json)?;
+    std::fs::write(stem.with_extension("md"), &md)?;
+    report::chart(&results, &stem.with_extension("png"))?;
+    if !results.quick {
+        for ext in ["json", "md", "png"] {
+            std::fs::copy(
+                stem.with_extension(ext),
+                ctx.args.out.join(format!("latest.{ext}")),
+            )?;
+        }
+    }
+    println!("{md}");
+    eprintln!("bench: results in {}.{{json,md,png}}", stem.display());
+    let errors: usize = results.runs.iter().map(|r| r.errors.len()).sum();
+    if errors > 0 {
+        bail!("{errors} measurement(s) failed; see the errors in the report");
+    }
+    Ok(())
+}

@@ -1,0 +1,296 @@
+//! Shared pieces of evlet's benchmarks: order statistics, CPU and memory
+//! readers (`/proc`, cgroup2 `cpu.stat`), the agent under test as a child
+//! process with a small client for its local HTTP endpoint, and the report
+//! writers (`report`).
+
+pub mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use http_body_util::{BodyExt as _, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use serde::Serialize;
+
+/// p50 / p99 / max of a set of durations, in milliseconds, with the samples.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Summary {
+    pub n: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub samples_ms: Vec<f64>,
+}
+
+impl Summary {
+    /// Nearest-rank percentiles; `None` without samples.
+    pub fn of(samples: &[Duration]) -> Option<Self> {
+        let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        let rank = |q: f64| ms[((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
+        (!ms.is_empty()).then(|| Self {
+            n: ms.len(),
+            p50_ms: rank(0.50),
+            p99_ms: rank(0.99),
+            max_ms: rank(1.0),
+            samples_ms: ms.clone(),
+        })
+    }
+}
+
+/// CPU time of a process, all threads (live and exited), from `/proc/<pid>/stat`.
+///
+/// # Errors
+/// If the process is gone.
+pub fn process_cpu(pid: u32) -> Result<Duration> {
+    let stat = procfs::process::Process::new(pid as i32)?.stat()?;
+    let ticks = procfs::ticks_per_second() as f64;
+    Ok(Duration::from_secs_f64(
+        (stat.utime + stat.stime) as f64 / ticks,
+    ))
+}
+
+/// Resident set size of a process in MiB.
+///
+/// # Errors
+/// If the process is gone.
+pub fn rss_mib(pid: u32) -> Result<f64> {
+    let status = procfs::process::Process::new(pid as i32)?.status()?;
+    Ok(status.vmrss.unwrap_or(0) as f64 / 1024.0)
+}
+
+/// The cgroup2 mount (pure v2, or the `unified` tree of a v1 hybrid).
+fn cgroup2_mount() -> Option<PathBuf> {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
+}
+
+/// A cgroup2 directory of its own, so a process's CPU time is read in
+/// microseconds (`cpu.stat` `usage_usec`) instead of 10 ms ticks.
+#[derive(Debug)]
+pub struct CpuCgroup {
+    dir: PathBuf,
+}
+
+impl CpuCgroup {
+    /// Creates `<cgroup2>/<name>` and moves `pid` into it.
+    ///
+    /// # Errors
+    /// If no cgroup2 is mounted or the move is refused.
+    pub fn adopt(name: &str, pid: u32) -> Result<Self> {
+        let mount = cgroup2_mount().context("no cgroup2 hierarchy is mounted")?;
+        let dir = mount.join(name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("moving {pid} into {}", dir.display()))?;
+        Ok(Self { dir })
+    }
+
+    /// CPU time used by the cgroup's processes since it was made.
+    ///
+    /// # Errors
+    /// If `cpu.stat` cannot be read.
+    pub fn usage(&self) -> Result<Duration> {
+        let text = std::fs::read_to_string(self.dir.join("cpu.stat"))?;
+        let usec = text
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse::<u64>().ok())
+            .context("cpu.stat has no usage_usec")?;
+        Ok(Duration::from_micros(usec))
+    }
+}
+
+impl Drop for CpuCgroup {
+    fn drop(&mut self) {
+        // Empty once the process has exited; a busy cgroup is left for the next run.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A GET-only client for evlet's local endpoint.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    base: String,
+}
+
+impl Endpoint {
+    pub fn new(address: &str) -> Self {
+        let client =
+            Client::builder(hyper_util::rt::TokioExecutor::new()).build(HttpConnector::new());
+        Self {
+            client,
+            base: format!("http://{address}"),
+        }
+    }
+
+    /// Status code and body of `GET <path>`.
+    ///
+    /// # Errors
+    /// If the connection fails.
+    pub async fn get(&self, path: &str) -> Result<(u16, Bytes)> {
+        let uri: hyper::Uri = format!("{}{path}", self.base).parse()?;
+        let resp = self.client.get(uri).await?;
+        let code = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((code, body))
+    }
+
+    /// `GET <path>` as JSON; `None` on 404.
+    ///
+    /// # Errors
+    /// On connection failure, another non-200 status, or invalid JSON.
+    pub async fn json(&self, path: &str) -> Result<Option<serde_json::Value>> {
+        let (code, body) = self.get(path).await?;
+        match code {
+            200 => Ok(Some(serde_json::from_slice(&body)?)),
+            404 => Ok(None),
+            _ => bail!("GET {path}: HTTP {code}"),
+        }
+    }
+}
+
+/// How to start the agent under test.
+#[derive(Debug, Clone)]
+pub struct AgentSpec {
+    pub binary: PathBuf,
+    pub mode: String,
+    pub manifests: PathBuf,
+    pub root: PathBuf,
+    pub endpoint: String,
+    pub cgroup_root: String,
+    pub address: String,
+    pub log: PathBuf,
+}
+
+/// evlet as a child process, its CPU accounted in a cgroup of its own.
+#[derive(Debug)]
+pub struct Agent {
+    child: tokio::process::Child,
+    pub pid: u32,
+    pub http: Endpoint,
+    cpu: Option<CpuCgroup>,
+}
+
+impl Agent {
+    /// Starts evlet and waits until `/healthz` answers.
+    ///
+    /// # Errors
+    /// If it cannot start or does not become healthy within a minute.
+    pub async fn start(spec: &AgentSpec) -> Result<Self> {
+        let log = std::fs::File::create(&spec.log)
+            .with_context(|| format!("creating {}", spec.log.display()))?;
+        let child = tokio::process::Command::new(&spec.binary)
+            .args(["--pleg-mode", &spec.mode, "--hostname-override", NODE])
+            .arg("--pod-manifest-path")
+            .arg(&spec.manifests)
+            .arg("--root-dir")
+            .arg(&spec.root)
+            .args([
+                "--container-runtime-endpoint",
+                &spec.endpoint,
+                "--cgroup-root",
+                &spec.cgroup_root,
+                "--address",
+                &spec.address,
+                "--node-ip",
+                "127.0.0.1",
+                "--log-format",
+                "json",
+            ])
+            .env("RUST_LOG", "info,evlet::pleg::event=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", spec.binary.display()))?;
+        let pid = child.id().context("evlet exited at once")?;
+        let cpu = CpuCgroup::adopt(&format!("evlet-bench-{pid}"), pid)
+            .map_err(|e| eprintln!("bench: evlet CPU from /proc ticks only: {e:#}"))
+            .ok();
+        let agent = Self {
+            child,
+            pid,
+            http: Endpoint::new(&spec.address),
+            cpu,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, body)) = agent.http.get("/healthz").await {
+                let text = String::from_utf8_lossy(&body);
+                if !text.contains(&format!("mode {}", spec.mode)) {
+                    bail!("evlet did not start in PLEG mode {}:\n{text}", spec.mode);
+                }
+                return Ok(agent);
+            }
+            if Instant::now() > deadline {
+                bail!("evlet not healthy after 60 s (log {})", spec.log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// CPU time so far: the cgroup's when there is one, else `/proc` ticks.
+    ///
+    /// # Errors
+    /// If neither can be read.
+    pub fn cpu(&self) -> Result<Duration> {
+        match &self.cpu {
+            Some(cg) => cg.usage(),
+            None => process_cpu(self.pid),
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after 15 s.
+    ///
+    /// # Errors
+    /// If waiting for the child fails.
+    pub async fn stop(mut self) -> Result<()> {
+        // SAFETY: signals the child this harness started.
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.kill().await?;
+        }
+        Ok(())
+    }
+}
+
+/// The node name the benchmark's agent runs as; static pods are `<name>-bench`.
+pub const NODE: &str = "bench";
+
+/// Reads the first `pleg event` per container ID from evlet's JSON log:
+/// container ID → wall-clock time of the event.
+///
+/// # Errors
+/// If the log cannot be read.
+pub fn pleg_events(
+    log: &Path,
+    kind: &str,
+) -> Result<std::collections::HashMap<String, jiff::Timestamp>> {
+    let text = std::fs::read_to_string(log)?;
+    let mut out = std::collections::HashMap::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["message"] != "pleg event" || v["kind"] != kind {
+            continue;
+        }
+        let (Some(id), Some(ts)) = (v["id"].as_str(), v["timestamp"].as_str()) else {
+            continue;
+        };
+        if let Ok(ts) = ts.parse::<jiff::Timestamp>() {
+            out.entry(id.to_owned()).or_insert(ts);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,318 @@
+//! The benchmark's results: JSON (everything, with raw samples), a Markdown
+//! table per pod count with ratios against `ebpf`, and a PNG chart.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::Summary;
+
+/// One benchmark invocation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Results {
+    pub started: String,
+    pub command: String,
+    pub quick: bool,
+    pub machine: Machine,
+    pub runs: Vec<Run>,
+    pub cri: Vec<CriCalls>,
+}
+
+/// Where it ran.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Machine {
+    pub kernel: String,
+    pub cpus: usize,
+    pub memory_gib: f64,
+    pub containerd: String,
+    pub evlet_profile: String,
+}
+
+/// One PLEG mode at one pod count.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Run {
+    pub mode: String,
+    pub pods: usize,
+    /// Manifests written → every pod Running (seconds), and per pod.
+    pub start_total_s: f64,
+    pub start_per_pod: Option<Summary>,
+    pub start_poll_ms: u64,
+    /// CPU over the idle window, percent of one core.
+    pub idle_window_s: f64,
+    pub evlet_cpu_pct: f64,
+    pub containerd_cpu_pct: f64,
+    pub evlet_rss_mib: f64,
+    /// SIGKILL of a container's init → the PLEG's ContainerDied event (evlet's log).
+    pub kill_to_event: Option<Summary>,
+    /// SIGKILL → `/pods/<ns>/<name>` shows the container terminated.
+    pub kill_to_status: Option<Summary>,
+    /// SIGKILL → CRI `ContainerStatus` says EXITED (the runtime's floor).
+    pub kill_to_runtime: Option<Summary>,
+    /// The kernel's OOM-kill message → `OOMKilled` in `/pods/<ns>/<name>`.
+    pub oom_to_status_ms: Option<f64>,
+    /// Anything that went wrong in this run (a failed kill, a timeout).
+    pub errors: Vec<String>,
+}
+
+/// CRI status calls against the real runtime with `pods` pods (the PLEG cost model).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CriCalls {
+    pub pods: usize,
+    /// PodSandboxStatus + ContainerStatus, one pair at a time.
+    pub sequential_calls_per_s: f64,
+    pub pair_latency: Option<Summary>,
+    /// The same with 8 pairs in flight.
+    pub concurrent8_calls_per_s: f64,
+}
+
+fn fmt_ms(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.1}"),
+        None => "–".into(),
+    }
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.1}×", a / b),
+        _ => "–".into(),
+    }
+}
+
+type Metric = (&'static str, fn(&Run) -> Option<f64>);
+
+const METRICS: &[Metric] = &[
+    ("kill → PLEG event p50 (ms)", |r| {
+        Some(r.kill_to_event.as_ref()?.p50_ms)
+    }),
+    ("kill → PLEG event p99 (ms)", |r| {
+        Some(r.kill_to_event.as_ref()?.p99_ms)
+    }),
+    ("kill → status p50 (ms)", |r| {
+        Some(r.kill_to_status.as_ref()?.p50_ms)
+    }),
+    ("kill → status p99 (ms)", |r| {
+        Some(r.kill_to_status.as_ref()?.p99_ms)
+    }),
+    ("kill → status max (ms)", |r| {
+        Some(r.kill_to_status.as_ref()?.max_ms)
+    }),
+    ("kill → CRI exited p50 (ms, runtime floor)", |r| {
+        Some(r.kill_to_runtime.as_ref()?.p50_ms)
+    }),
+    ("kill → CRI exited p99 (ms, runtime floor)", |r| {
+        Some(r.kill_to_runtime.as_ref()?.p99_ms)
+    }),
+    ("OOM → OOMKilled (ms)", |r| r.oom_to_status_ms),
+    ("idle evlet CPU (% of a core)", |r| Some(r.evlet_cpu_pct)),
+    ("idle containerd CPU (% of a core)", |r| {
+        Some(r.containerd_cpu_pct)
+    }),
+    ("evlet RSS (MiB)", |r| Some(r.evlet_rss_mib)),
+    ("start per pod p50 (ms)", |r| {
+        Some(r.start_per_pod.as_ref()?.p50_ms)
+    }),
+    ("start per pod p99 (ms)", |r| {
+        Some(r.start_per_pod.as_ref()?.p99_ms)
+    }),
+    ("start all pods (s)", |r| Some(r.start_total_s)),
+];
+
+/// The Markdown report: one table per pod count.
+pub fn markdown(results: &Results) -> String {
+    let m = &results.machine;
+    let mut out = format!(
+        "Run {} on {} CPUs, {:.0} GiB, kernel {}, containerd {}, evlet {} build{}.\n\
+         Command: `{}`\n",
+        results.started,
+        m.cpus,
+        m.memory_gib,
+        m.kernel,
+        m.containerd,
+        m.evlet_profile,
+        if results.quick {
+            " (--quick: short windows, not for comparison)"
+        } else {
+            ""
+        },
+        results.command
+    );
+    let mut counts: Vec<usize> = results.runs.iter().map(|r| r.pods).collect();
+    counts.dedup();
+    for pods in counts {
+        let runs: Vec<&Run> = results.runs.iter().filter(|r| r.pods == pods).collect();
+        let ebpf = runs.iter().find(|r| r.mode == "ebpf");
+        let others: Vec<&&Run> = runs.iter().filter(|r| r.mode != "ebpf").collect();
+        let _ = write!(out, "\n### {pods} pods\n\n| metric |");
+        for r in &runs {
+            let _ = write!(out, " {} |", r.mode);
+        }
+        for r in &others {
+            let _ = write!(out, " {} ÷ ebpf |", r.mode);
+        }
+        out += "\n|---|";
+        out += &"---:|".repeat(runs.len() + if ebpf.is_some() { others.len() } else { 0 });
+        out += "\n";
+        for (name, get) in METRICS {
+            let _ = write!(out, "| {name} |");
+            for r in &runs {
+                let _ = write!(out, " {} |", fmt_ms(get(r)));
+            }
+            if let Some(e) = ebpf {
+                for r in &others {
+                    let _ = write!(out, " {} |", ratio(get(r), get(e)));
+                }
+            }
+            out += "\n";
+        }
+        let errors: Vec<String> = runs
+            .iter()
+            .flat_map(|r| r.errors.iter().map(move |e| format!("{}: {e}", r.mode)))
+            .collect();
+        if !errors.is_empty() {
+            let _ = writeln!(out, "\nErrors: {}", errors.join("; "));
+        }
+    }
+    if !results.cri.is_empty() {
+        out += "\n### CRI status calls (PodSandboxStatus + ContainerStatus)\n\n\
+                | pods | sequential calls/s | pair p50 (ms) | pair p99 (ms) | 8 in flight calls/s |\n\
+                |---:|---:|---:|---:|---:|\n";
+        for c in &results.cri {
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {} | {} | {:.0} |",
+                c.pods,
+                c.sequential_calls_per_s,
+                fmt_ms(c.pair_latency.as_ref().map(|s| s.p50_ms)),
+                fmt_ms(c.pair_latency.as_ref().map(|s| s.p99_ms)),
+                c.concurrent8_calls_per_s
+            );
+        }
+    }
+    out
+}
+
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+fn colour(mode: &str) -> RGBColor {
+    match mode {
+        "ebpf" => RGBColor(0x1b, 0x9e, 0x77),
+        "generic" => RGBColor(0xd9, 0x5f, 0x02),
+        _ => RGBColor(0x75, 0x70, 0xb3),
+    }
+}
+
+/// The chart: kill → status distributions per mode at the largest pod count
+/// (left) and idle evlet CPU against the pod count (right).
+///
+/// # Errors
+/// If the font is missing or the PNG cannot be written.
+pub fn chart(results: &Results, path: &Path) -> Result<()> {
+    let font = std::fs::read(FONT).with_context(|| {
+        format!("reading {FONT} (Debian fonts-dejavu-core; run `cargo xtask setup`)")
+    })?;
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| anyhow::anyhow!("{FONT} is not a usable font"))?;
+    let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(700);
+    let modes: Vec<String> = {
+        let mut m: Vec<String> = results.runs.iter().map(|r| r.mode.clone()).collect();
+        m.sort();
+        m.dedup();
+        m
+    };
+    let largest = results.runs.iter().map(|r| r.pods).max().unwrap_or(0);
+
+    let max_ms = results
+        .runs
+        .iter()
+        .filter_map(|r| r.kill_to_status.as_ref().map(|s| s.max_ms))
+        .fold(10.0_f64, f64::max);
+    let mut cdf = ChartBuilder::on(&left)
+        .caption(
+            format!("kill → status, {largest} pods (CDF)"),
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(55)
+        .build_cartesian_2d((1.0_f64..max_ms * 1.5).log_scale(), 0.0_f64..1.0)?;
+    cdf.configure_mesh()
+        .x_desc("milliseconds (log)")
+        .y_desc("fraction of kills")
+        .draw()?;
+    for mode in &modes {
+        let Some(s) = results
+            .runs
+            .iter()
+            .find(|r| r.pods == largest && &r.mode == mode)
+            .and_then(|r| r.kill_to_status.as_ref())
+        else {
+            continue;
+        };
+        let n = s.samples_ms.len() as f64;
+        let points = s
+            .samples_ms
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v.max(1.0), (i + 1) as f64 / n));
+        let c = colour(mode);
+        cdf.draw_series(LineSeries::new(points, c.stroke_width(3)))?
+            .label(mode.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+    }
+    cdf.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+
+    let max_cpu = results
+        .runs
+        .iter()
+        .map(|r| r.evlet_cpu_pct)
+        .fold(0.1_f64, f64::max);
+    let mut cpu = ChartBuilder::on(&right)
+        .caption("idle evlet CPU vs pods", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(55)
+        .build_cartesian_2d(
+            (1.0_f64..(largest.max(10) as f64) * 1.5).log_scale(),
+            (0.001_f64..max_cpu * 2.0).log_scale(),
+        )?;
+    cpu.configure_mesh()
+        .x_desc("pods (log)")
+        .y_desc("% of one core (log)")
+        .draw()?;
+    for mode in &modes {
+        let mut points: Vec<(f64, f64)> = results
+            .runs
+            .iter()
+            .filter(|r| &r.mode == mode)
+            .map(|r| (r.pods as f64, r.evlet_cpu_pct.max(0.001)))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let c = colour(mode);
+        cpu.draw_series(LineSeries::new(points.clone(), c.stroke_width(3)))?
+            .label(mode.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+        cpu.draw_series(points.into_iter().map(|p| Circle::new(p, 5, c.filled())))?;
+    }
+    cpu.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! `cargo xtask bench`: the probes' own latency and cost (`bench/src/bin/probe_latency.rs`),
+//! then the PLEG modes side by side (`bench/src/bin/pleg_modes.rs`).
+//!
+//! Sets up, builds evlet (release; `--quick` uses the debug build the tests
+//! already made), brings up the containerd 1.7 node (every mode, `cri-events`
+//! included, runs on the same runtime), runs the harness with the node's
+//! environment, and takes the node down again.
+
+use anyhow::{Context as _, Result};
+
+use crate::containerd::Version;
+use crate::node::Node;
+use crate::test::cargo;
+use crate::{paths, setup, sh};
+
+/// Options of `cargo xtask bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Pod counts.
+    #[arg(long, value_delimiter = ',', default_values = ["10", "100", "500"])]
+    pods: Vec<usize>,
+    /// PLEG modes.
+    #[arg(long, value_delimiter = ',', default_values = ["generic", "cri-events", "ebpf"])]
+    modes: Vec<String>,
+    /// N = 10, short windows, debug build, results under target/bench: checks the
+    /// harness (CI), numbers are not for comparison.
+    #[arg(long)]
+    quick: bool,
+}
+
+impl Options {
+    /// What `cargo xtask test` runs: the harness end to end, no timing checks.
+    pub fn quick() -> Self {
+        Self {
+            pods: vec![10],
+            modes: ["generic", "cri-events", "ebpf"].map(String::from).to_vec(),
+            quick: true,
+        }
+    }
+}
+
+fn join<T: ToString>(v: &[T]) -> String {
+    v.iter().map(T::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Runs the benchmark; results go to `bench/results` (`target/bench/results` with `--quick`).
+pub fn bench(options: &Options) -> Result<()> {
+    setup::setup()?;
+    let profile = if options.quick { "debug" } else { "release" };
+    let mut build = vec!["build", "--locked", "-p", "evlet", "--bin", "evlet"];
+    if !options.quick {
+        build.push("--release");
+    }
+    sh::run(&mut cargo(&build)).context("building evlet")?;
+    let repo = paths::repo();
+    let evlet = repo.join("target").join(profile).join("evlet");
+    let out = if options.quick {
+        repo.join("target/bench/results")
+    } else {
+        repo.join("bench/results")
+    };
+    let mut command = format!(
+        "cargo xtask bench --pods {} --modes {}",
+        join(&options.pods),
+        join(&options.modes)
+    );
+    if options.quick {
+        command = "cargo xtask bench --quick".into();
+    }
+    let mut probes = vec!["run", "--locked", "-q", "-p", "evlet-bench"];
+    if !options.quick {
+        probes.push("--release");
+    }
+    probes.extend(["--bin", "probe_latency", "--"]);
+    if options.quick {
+        probes.push("--quick");
+    }
+    sh::run(cargo(&probes).arg("--out").arg(&out)).context("the probe benchmark failed")?;
+    let node = Node::new(Version::V1_7);
+    let result = node.up().and_then(|()| {
+        let pods = if options.quick {
+            "10".to_owned()
+        } else {
+            join(&options.pods)
+        };
+        let modes = join(&options.modes);
+        let mut args = vec!["run", "--locked", "-q", "-p", "evlet-bench"];
+        if !options.quick {
+            args.push("--release");
+        }
+        args.extend([
+            "--bin",
+            "pleg_modes",
+            "--",
+            "--pods",
+            &pods,
+            "--modes",
+            &modes,
+            "--profile",
+            profile,
+            "--command",
+            &command,
+        ]);
+        if options.quick {
+            args.push("--quick");
+        }
+        let mut cmd = cargo(&args);
+        cmd.envs(node.env())
+            .arg("--evlet")
+            .arg(&evlet)
+            .arg("--out")
+            .arg(&out)
+            .arg("--work")
+            .arg(repo.join("target/bench/work"));
+        sh::run(&mut cmd).context("the benchmark failed")
+    });
+    let down = node.down();
+    result?;
+    down
+}
