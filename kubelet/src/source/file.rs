@@ -123,12 +123,9 @@ impl FileSource {
                 .unwrap_or_default()
         };
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            // inotify also reports opens and reads; the scan's own reads must not
-            // wake the next scan (a loop that would parse every manifest 10×/s).
-            if res.is_ok_and(|e| e.kind.is_access()) {
-                return;
+            if wakes(&res) {
+                let _ = wake_tx.try_send(());
             }
-            let _ = wake_tx.try_send(());
         });
         let _watcher = match watcher {
             Ok(mut w) => match w.watch(&watch_dir, notify::RecursiveMode::NonRecursive) {
@@ -173,9 +170,41 @@ impl FileSource {
     }
 }
 
+/// Whether a watch event should trigger a rescan. inotify also reports opens and
+/// reads: the scan's own reads must not wake the next scan (a loop that would
+/// parse every manifest ten times a second).
+fn wakes(event: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match event {
+        Ok(e) => match e.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+            kind => !kind.is_access(),
+        },
+        Err(_) => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_of_manifests_do_not_wake_a_rescan_but_writes_and_errors_do() {
+        use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
+        let ev = |kind| Ok(notify::Event::new(kind));
+        assert!(!wakes(&ev(EventKind::Access(AccessKind::Open(
+            AccessMode::Any
+        )))));
+        assert!(!wakes(&ev(EventKind::Access(AccessKind::Close(
+            AccessMode::Read
+        )))));
+        assert!(wakes(&ev(EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        )))));
+        assert!(wakes(&ev(EventKind::Create(CreateKind::File))));
+        assert!(wakes(&ev(EventKind::Modify(ModifyKind::Any))));
+        assert!(wakes(&Err(notify::Error::generic("queue overflow"))));
+    }
 
     const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: app, image: evlet.local/test:v1}]\n";
 
