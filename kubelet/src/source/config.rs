@@ -64,17 +64,22 @@ pub struct PodConfig {
     pods: BTreeMap<Source, BTreeMap<PodUid, Pod>>,
 }
 
-/// The parts of a pod whose change is an UPDATE (status-only is a RECONCILE).
-fn semantic(pod: &Pod) -> serde_json::Value {
-    let mut annotations = pod::annotations(pod);
-    annotations.remove(labels::CONFIG_SEEN);
-    serde_json::json!({
-        "spec": pod.spec,
-        "labels": pod.metadata.labels,
-        "annotations": annotations,
-        "deletionTimestamp": pod.metadata.deletion_timestamp,
-        "deletionGracePeriodSeconds": pod.metadata.deletion_grace_period_seconds,
-    })
+/// Do `a` and `b` differ in the parts whose change is an UPDATE (spec, labels,
+/// annotations but `config.seen`, deletion)? A status-only change is a RECONCILE.
+fn semantic_change(a: &Pod, b: &Pod) -> bool {
+    fn annotations(p: &Pod) -> Vec<(&String, &String)> {
+        p.metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k.as_str() != labels::CONFIG_SEEN)
+            .collect()
+    }
+    a.spec != b.spec
+        || a.metadata.labels != b.metadata.labels
+        || a.metadata.deletion_timestamp != b.metadata.deletion_timestamp
+        || a.metadata.deletion_grace_period_seconds != b.metadata.deletion_grace_period_seconds
+        || annotations(a) != annotations(b)
 }
 
 impl PodConfig {
@@ -104,7 +109,7 @@ impl PodConfig {
         for (uid, p) in &new {
             match old.get(uid) {
                 None => adds.push(p.clone()),
-                Some(prev) if semantic(prev) != semantic(p) => updates.push(p.clone()),
+                Some(prev) if semantic_change(prev, p) => updates.push(p.clone()),
                 Some(prev) if prev.status != p.status => reconciles.push(p.clone()),
                 Some(_) => {}
             }
@@ -177,6 +182,20 @@ mod tests {
             c.merge(Source::File, vec![p("a", "i:2"), p("c", "i:1")])
                 .is_empty(),
             "no change, no update"
+        );
+        let mut seen_again = p("c", "i:1");
+        seen_again.metadata.annotations =
+            Some([(labels::CONFIG_SEEN.to_owned(), "later".to_owned())].into());
+        assert!(
+            c.merge(Source::File, vec![p("a", "i:2"), seen_again])
+                .is_empty(),
+            "config.seen alone is no update"
+        );
+        let mut labelled = p("c", "i:1");
+        labelled.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+        assert_eq!(
+            ops(&c.merge(Source::File, vec![p("a", "i:2"), labelled])),
+            [(Op::Update, vec!["c".into()])]
         );
     }
 
