@@ -13,11 +13,15 @@ use std::time::Duration;
 
 use evlet_cri::{Options, RuntimeClient};
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::api::admission::Allocatable;
+use crate::api::pods::Mirrors;
+use crate::api::status::StatusManager;
+use crate::api::{self};
 use crate::cache::{self, PodCache};
-use crate::config::{Config, PlegMode};
+use crate::config::{self, Config, PlegMode};
 use crate::diagnostics::Diagnostics;
 use crate::metrics::{Metrics, ModeLabel};
 use crate::pleg::ebpf::EbpfSource;
@@ -61,17 +65,6 @@ pub enum StartError {
     /// The HTTP endpoint could not be bound.
     #[error(transparent)]
     Http(#[from] std::io::Error),
-}
-
-fn memory_capacity() -> i64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<i64>().ok())
-        })
-        .map_or(1 << 30, |kb| kb * 1024)
 }
 
 /// A running agent's handles, for tests and the binary.
@@ -266,14 +259,20 @@ pub async fn start(
     }
     let mode = pleg.mode;
 
+    let machine = api::node::Machine::read(&config.root_dir);
     let node = NodeContext {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
         pods_cgroup,
         host_ip: config.node_ip.clone(),
-        memory_capacity: memory_capacity(),
+        memory_capacity: i64::try_from(machine.memory)
+            .ok()
+            .filter(|m| *m > 0)
+            .unwrap_or(1 << 30),
     };
+    let client_for_health = client.clone();
     let syncer = Arc::new(Syncer::new(client, node));
+    syncer.set_events(Arc::clone(&diagnostics));
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let workers = PodWorkers::new(
         Arc::clone(&syncer),
@@ -305,6 +304,30 @@ pub async fn start(
             shutdown.child_token(),
         ));
     }
+    let api = config.api.as_ref().map(|c| {
+        expected.push(Source::Api);
+        let (mirrors_tx, mirrors_rx) = watch::channel(Mirrors::new());
+        tokio::spawn(api::pods::run(
+            c.0.clone(),
+            config.node_name.clone(),
+            src_tx.clone(),
+            mirrors_tx,
+            shutdown.child_token(),
+        ));
+        syncer.set_api(c.clone());
+        let (events_tx, events_rx) = mpsc::channel(api::events::QUEUE);
+        diagnostics.set_sink(events_tx);
+        tokio::spawn(api::events::run(
+            c.0.clone(),
+            config.node_name.clone(),
+            events_rx,
+            shutdown.child_token(),
+        ));
+        let manager = StatusManager::new();
+        workers.set_status_sink(Arc::clone(&manager));
+        tokio::spawn(Arc::clone(&manager).run(c.0.clone(), shutdown.child_token()));
+        (c.0.clone(), manager, mirrors_rx)
+    });
     drop(src_tx);
 
     let served = Arc::new(Served {
@@ -317,6 +340,49 @@ pub async fn start(
         diagnostics: Arc::clone(&diagnostics),
     });
     server::serve(config.address, Arc::clone(&served), shutdown.child_token()).await?;
+    tokio::spawn(watch_runtime(
+        client_for_health,
+        Arc::clone(&served),
+        shutdown.child_token(),
+    ));
+
+    let allocatable = Allocatable {
+        cpu_milli: i64::try_from(machine.cpus)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000),
+        memory: i64::try_from(machine.memory).unwrap_or(i64::MAX),
+        pods: i64::from(config.max_pods),
+    };
+    let api = api.map(|(client, manager, mirrors_rx)| {
+        let ready_served = Arc::clone(&served);
+        let input = api::node::NodeInput {
+            name: config.node_name.clone(),
+            node_ip: config.node_ip.clone(),
+            hostname: config::hostname(),
+            max_pods: config.max_pods,
+            taints: config.register_with_taints.clone(),
+            root_dir: config.root_dir.clone(),
+            runtime_version: format!("{}://{}", version.runtime_name, version.runtime_version),
+            port: config.address.port(),
+            ready: Arc::new(move || ready_served.ready()),
+        };
+        let (statics_tx, statics_rx) = watch::channel(api::mirror::Statics::new());
+        tokio::spawn(run_node(
+            client,
+            input,
+            statics_rx,
+            mirrors_rx.clone(),
+            shutdown.child_token(),
+        ));
+        tokio::spawn(forward_mirrors(mirrors_rx, Arc::clone(&manager)));
+        ApiState {
+            manager,
+            statics: statics_tx,
+            allocatable,
+            rejected: BTreeSet::new(),
+            finished: BTreeSet::new(),
+        }
+    });
 
     let sync_loop = SyncLoop {
         config: PodConfig::new(expected),
@@ -327,6 +393,7 @@ pub async fn start(
         metrics: Arc::clone(&metrics),
         served: Arc::clone(&served),
         hints: pleg.hints.clone(),
+        api,
     };
     let handles = Handles {
         workers,
@@ -353,6 +420,98 @@ struct SyncLoop {
     served: Arc<Served>,
     /// The hinted PLEG's hints (agent-initiated removals are announced there).
     hints: Option<Arc<Hints>>,
+    /// API-server mode.
+    api: Option<ApiState>,
+}
+
+/// The sync loop's part of API-server mode.
+struct ApiState {
+    manager: Arc<StatusManager>,
+    /// Static pods, for the mirror manager.
+    statics: watch::Sender<api::mirror::Statics>,
+    allocatable: Allocatable,
+    /// Pods rejected at admission (never started).
+    rejected: BTreeSet<PodUid>,
+    /// Deleted pods whose containers are gone; waiting for the watch to drop them.
+    finished: BTreeSet<PodUid>,
+}
+
+/// Upstream's runtime health check period (`runtimeState`).
+const RUNTIME_CHECK: Duration = Duration::from_secs(5);
+
+/// Is the runtime up and `RuntimeReady`? `Err` in upstream's words.
+fn runtime_health(
+    status: Result<evlet_cri::api::StatusResponse, evlet_cri::Error>,
+) -> Result<(), String> {
+    let status = status.map_err(|e| format!("container runtime is down: {e}"))?;
+    let ready = status
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .find(|c| c.r#type == "RuntimeReady");
+    match ready {
+        Some(c) if c.status => Ok(()),
+        Some(c) => Err(format!(
+            "container runtime not ready: RuntimeReady=false reason:{} message:{}",
+            c.reason, c.message
+        )),
+        None => Err("container runtime status check may not have completed yet".into()),
+    }
+}
+
+/// Keeps the `runtime` health check (in `/healthz` and the node's Ready condition).
+async fn watch_runtime(client: RuntimeClient, served: Arc<Served>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(RUNTIME_CHECK);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let health = runtime_health(client.status(false).await);
+        if let Err(e) = &health {
+            tracing::warn!(error = %e, "container runtime is unhealthy");
+        }
+        let mut checks = served.checks.lock().unwrap_or_else(|p| p.into_inner());
+        checks.retain(|(name, _)| name != "runtime");
+        checks.push(("runtime".into(), health));
+    }
+}
+
+/// Registers the node, then keeps its status, its lease and the mirror pods.
+async fn run_node(
+    client: kube::Client,
+    input: api::node::NodeInput,
+    statics: watch::Receiver<api::mirror::Statics>,
+    mirrors: watch::Receiver<Mirrors>,
+    shutdown: CancellationToken,
+) {
+    let Some(node) = api::node::register(&client, &input, &shutdown).await else {
+        return;
+    };
+    let uid = node.metadata.uid.clone();
+    tokio::spawn(api::node::run_lease(
+        client.clone(),
+        input.name.clone(),
+        uid.clone(),
+        shutdown.child_token(),
+    ));
+    tokio::spawn(api::mirror::run(
+        client.clone(),
+        input.name.clone(),
+        uid,
+        statics,
+        mirrors,
+        shutdown.child_token(),
+    ));
+    api::node::run_status(client, input, node, shutdown).await;
+}
+
+/// Tells the status manager which mirror pods exist.
+async fn forward_mirrors(mut mirrors: watch::Receiver<Mirrors>, manager: Arc<StatusManager>) {
+    while mirrors.changed().await.is_ok() {
+        let current = mirrors.borrow_and_update().clone();
+        manager.set_mirrors(&current);
+    }
 }
 
 impl SyncLoop {
@@ -377,6 +536,7 @@ impl SyncLoop {
                         for update in self.config.merge(source, pods) {
                             self.handle_update(update);
                         }
+                        self.publish_statics();
                         self.served.sources_ready.store(self.config.sources_ready(), Ordering::Relaxed);
                     }
                     Some(SourceMessage::Error(_, _)) => {
@@ -387,6 +547,16 @@ impl SyncLoop {
                 Some(event) = pleg.recv() => self.handle_pleg(event),
                 Some(uid) = done.recv() => {
                     self.workers.forget(&uid);
+                    if let Some(api) = &mut self.api
+                        && let Some(pod) = self.pods.get(&uid)
+                        && pod.metadata.deletion_timestamp.is_some()
+                        && pod::annotations(pod).get(labels::CONFIG_SOURCE).map(String::as_str) == Some("api")
+                    {
+                        // Graceful deletion done: the final DELETE (grace 0).
+                        api.manager.delete(pod);
+                        api.finished.insert(uid);
+                        continue;
+                    }
                     if let Some(pod) = self.pods.get(&uid).cloned() {
                         // Re-added while terminating: start it again.
                         self.workers.update(pod, UpdateKind::Sync);
@@ -401,6 +571,9 @@ impl SyncLoop {
     fn handle_update(&mut self, update: PodUpdate) {
         for pod in update.pods {
             let uid = pod::uid(&pod);
+            if update.source == Source::Api && self.api_handled(update.op, &pod) {
+                continue;
+            }
             match update.op {
                 Op::Add | Op::Update => {
                     tracing::info!(pod = %pod::key(&pod), source = update.source.as_str(), op = ?update.op, "pod update");
@@ -412,6 +585,13 @@ impl SyncLoop {
                     self.workers.update(pod, kind);
                 }
                 Op::Remove => {
+                    if let Some(api) = &mut self.api {
+                        api.manager.forget(&uid);
+                        if api.finished.remove(&uid) {
+                            self.pods.remove(&uid);
+                            continue;
+                        }
+                    }
                     tracing::info!(pod = %pod::key(&pod), source = update.source.as_str(), "pod removed from its source; terminating");
                     self.pods.remove(&uid);
                     self.workers.update(pod, UpdateKind::Kill(None));
@@ -420,6 +600,86 @@ impl SyncLoop {
                     self.pods.insert(uid, pod);
                 }
             }
+        }
+    }
+
+    /// API pods the sync loop settles itself: rejected or already terminal pods
+    /// are not started. True if `pod` needs nothing more.
+    fn api_handled(&mut self, op: Op, pod: &Pod) -> bool {
+        let Some(api) = &mut self.api else {
+            return false;
+        };
+        let uid = pod::uid(pod);
+        if api.rejected.contains(&uid) {
+            match op {
+                Op::Remove => {
+                    api.rejected.remove(&uid);
+                    api.manager.forget(&uid);
+                    self.workers.forget(&uid);
+                }
+                _ if pod.metadata.deletion_timestamp.is_some() => api.manager.delete(pod),
+                _ => {}
+            }
+            return true;
+        }
+        if op != Op::Add || self.workers.has(&uid) {
+            return false;
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed"))
+            && pod.metadata.deletion_timestamp.is_none()
+        {
+            // Finished before (e.g. before a restart of evlet): not run again.
+            tracing::info!(pod = %pod::key(pod), phase = ?phase, "API pod is terminal; not starting it");
+            api.rejected.insert(uid);
+            return true;
+        }
+        let active = self
+            .pods
+            .iter()
+            .filter(|(u, _)| !api.rejected.contains(*u))
+            .map(|(_, p)| p);
+        match api::admission::admit(pod, active, &api.allocatable) {
+            Ok(()) => false,
+            Err(rejection) => {
+                tracing::warn!(pod = %pod::key(pod), reason = %rejection.reason, message = %rejection.message, "pod rejected at admission");
+                api.rejected.insert(uid);
+                let status = crate::status::compute(
+                    pod,
+                    &crate::runtime::PodStatus::empty(pod::uid(pod)),
+                    &crate::status::Extra {
+                        rejected: Some((&rejection.reason, &rejection.message)),
+                        start_time: Some(crate::status::now()),
+                        ..Default::default()
+                    },
+                );
+                self.workers.set_view(pod.clone(), status);
+                true
+            }
+        }
+    }
+
+    /// Sends the static pods to the mirror manager.
+    fn publish_statics(&self) {
+        if let Some(api) = &self.api {
+            let statics: api::mirror::Statics = self
+                .pods
+                .values()
+                .filter(|p| pod::is_static(p))
+                .map(|p| {
+                    (
+                        (pod::namespace(p).to_owned(), pod::name(p).to_owned()),
+                        p.clone(),
+                    )
+                })
+                .collect();
+            api.statics.send_if_modified(|current| {
+                let changed = *current != statics;
+                if changed {
+                    *current = statics;
+                }
+                changed
+            });
         }
     }
 
@@ -490,4 +750,33 @@ fn orphan_pod(status: &crate::runtime::PodStatus) -> Pod {
         ..Default::default()
     });
     pod
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evlet_cri::api::{RuntimeCondition, RuntimeStatus, StatusResponse};
+
+    fn status(ready: bool) -> Result<StatusResponse, evlet_cri::Error> {
+        Ok(StatusResponse {
+            status: Some(RuntimeStatus {
+                conditions: vec![RuntimeCondition {
+                    r#type: "RuntimeReady".into(),
+                    status: ready,
+                    reason: if ready { "" } else { "ShimDown" }.into(),
+                    message: String::new(),
+                }],
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn the_runtime_is_healthy_only_when_it_says_runtime_ready() {
+        assert_eq!(runtime_health(status(true)), Ok(()));
+        let err = runtime_health(status(false)).expect_err("not ready");
+        assert!(err.contains("RuntimeReady=false reason:ShimDown"), "{err}");
+        let none = runtime_health(Ok(StatusResponse::default())).expect_err("no conditions");
+        assert!(none.contains("may not have completed"), "{none}");
+    }
 }

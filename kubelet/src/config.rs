@@ -73,7 +73,16 @@ pub struct Config {
     pub ebpf_ring_bytes: u32,
     /// Log format.
     pub log_format: LogFormat,
+    /// The API server (`--kubeconfig`); None: standalone.
+    pub api: Option<crate::api::ApiClient>,
+    /// `maxPods`: admission limit and the node's `pods` capacity.
+    pub max_pods: u32,
+    /// `--register-with-taints`.
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
 }
+
+/// Upstream's default `maxPods`.
+pub const MAX_PODS: u32 = 110;
 
 /// Why the configuration is unusable.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +136,10 @@ pub struct KubeletConfiguration {
     pub pleg_mode: Option<PlegMode>,
     /// evlet: Go duration of the eBPF mode's safety relist.
     pub pleg_safety_relist_period: Option<String>,
+    /// `--max-pods`.
+    pub max_pods: Option<u32>,
+    /// `--register-with-taints`.
+    pub register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
 }
 
 const KNOWN: &[&str] = &[
@@ -142,7 +155,43 @@ const KNOWN: &[&str] = &[
     "readOnlyPort",
     "plegMode",
     "plegSafetyRelistPeriod",
+    "maxPods",
+    "registerWithTaints",
 ];
+
+/// Parses `--register-with-taints` (`key=value:Effect,key:Effect`).
+///
+/// # Errors
+/// A message naming the bad taint.
+pub fn parse_taints(s: &str) -> Result<Vec<k8s_openapi::api::core::v1::Taint>, String> {
+    s.split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            let t = t.trim();
+            let (kv, effect) = t
+                .rsplit_once(':')
+                .ok_or_else(|| format!("taint {t:?}: expected key[=value]:Effect"))?;
+            if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+                return Err(format!(
+                    "taint {t:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
+                ));
+            }
+            let (key, value) = match kv.split_once('=') {
+                Some((k, v)) => (k, Some(v.to_owned())),
+                None => (kv, None),
+            };
+            if key.is_empty() {
+                return Err(format!("taint {t:?}: empty key"));
+            }
+            Ok(k8s_openapi::api::core::v1::Taint {
+                key: key.to_owned(),
+                value,
+                effect: effect.to_owned(),
+                time_added: None,
+            })
+        })
+        .collect()
+}
 
 /// Parses a Go duration (`1h2m3s`, `500ms`, `20s`).
 ///
@@ -243,9 +292,31 @@ pub fn node_name(override_name: Option<&str>) -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
+/// The machine's hostname (lowercase).
+pub fn hostname() -> String {
+    node_name(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn taints_parse_and_bad_ones_are_named() {
+        let t = parse_taints("dedicated=evlet:NoSchedule,gpu:NoExecute").expect("taints");
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            (
+                t[0].key.as_str(),
+                t[0].value.as_deref(),
+                t[0].effect.as_str()
+            ),
+            ("dedicated", Some("evlet"), "NoSchedule")
+        );
+        assert_eq!((t[1].key.as_str(), t[1].value.as_deref()), ("gpu", None));
+        let err = parse_taints("a=b:Sometimes").expect_err("bad effect");
+        assert!(err.contains("a=b:Sometimes"), "{err}");
+    }
 
     #[test]
     fn go_durations_parse() {

@@ -89,8 +89,33 @@ pub struct Event {
     pub pod: String,
     /// Pod UID.
     pub pod_uid: String,
+    /// The container it is about, if one (`involvedObject.fieldPath`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
     /// When (RFC 3339).
     pub time: String,
+}
+
+impl Event {
+    /// An event about `pod` (and its container `container`) happening now.
+    pub fn about(
+        pod: &k8s_openapi::api::core::v1::Pod,
+        container: Option<&str>,
+        kind: &str,
+        reason: &str,
+        message: String,
+    ) -> Self {
+        Self {
+            kind: kind.into(),
+            reason: reason.into(),
+            message,
+            namespace: crate::pod::namespace(pod).into(),
+            pod: crate::pod::name(pod).into(),
+            pod_uid: crate::pod::uid(pod).0,
+            container: container.map(str::to_owned),
+            time: crate::status::now().0.to_string(),
+        }
+    }
 }
 
 /// The agent's diagnostic records.
@@ -98,6 +123,8 @@ pub struct Event {
 pub struct Diagnostics {
     ooms: Mutex<VecDeque<OomRecord>>,
     events: Mutex<VecDeque<Event>>,
+    /// Where events also go (the API server's event recorder), if joined.
+    sink: std::sync::OnceLock<tokio::sync::mpsc::Sender<Event>>,
 }
 
 fn push<T>(q: &Mutex<VecDeque<T>>, v: T) {
@@ -119,14 +146,24 @@ impl Diagnostics {
             namespace: record.namespace.clone(),
             pod: record.pod.clone(),
             pod_uid: record.pod_uid.clone(),
+            container: Some(record.container.clone()),
             time: record.time.clone(),
         });
         push(&self.ooms, record);
     }
 
-    /// Records an event.
+    /// Records an event (and hands it to the API recorder, if any; when that
+    /// one is backed up the event stays local only).
     pub fn event(&self, event: Event) {
+        if let Some(sink) = self.sink.get() {
+            let _ = sink.try_send(event.clone());
+        }
         push(&self.events, event);
+    }
+
+    /// Sends every later event to `sink` as well.
+    pub fn set_sink(&self, sink: tokio::sync::mpsc::Sender<Event>) {
+        let _ = self.sink.set(sink);
     }
 
     /// Every kept OOM record, oldest first.

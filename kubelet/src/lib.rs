@@ -14,9 +14,11 @@
 //! * [`runtime`]: the CRI seen as pods.
 //! * [`server`], [`metrics`]: `/healthz`, `/pods`, `/metrics`.
 //! * [`pod`]: identity, labels, defaulting; [`cgroups`]: pod cgroup cleanup.
+//! * [`api`]: API-server mode (node, lease, pod watch, status manager, mirror pods).
 //! * [`diagnostics`]: the kernel's OOM records and Kubernetes-style events.
 
 pub mod agent;
+pub mod api;
 pub mod backoff;
 pub mod cache;
 pub mod cgroups;

@@ -46,6 +46,15 @@ struct Flags {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// kubeconfig of the API server to join; without it evlet runs standalone.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Pods this node runs at most (admission, and the node's `pods` capacity).
+    #[arg(long)]
+    max_pods: Option<u32>,
+    /// Taints the node registers with: `key=value:Effect,...`.
+    #[arg(long)]
+    register_with_taints: Option<String>,
 }
 
 fn init_logging(format: LogFormat) {
@@ -111,17 +120,29 @@ fn effective(flags: Flags) -> Result<Config> {
         )?,
         ebpf_ring_bytes: evlet_ebpf::Config::default().ring_bytes,
         log_format: flags.log_format,
+        api: None,
+        max_pods: flags.max_pods.or(file.max_pods).unwrap_or(config::MAX_PODS),
+        register_with_taints: match &flags.register_with_taints {
+            Some(s) => config::parse_taints(s)
+                .map_err(anyhow::Error::msg)
+                .context("--register-with-taints")?,
+            None => file.register_with_taints.unwrap_or_default(),
+        },
     })
 }
 
 fn main() -> Result<()> {
     let flags = Flags::parse();
     init_logging(flags.log_format);
-    let config = effective(flags)?;
+    let kubeconfig = flags.kubeconfig.clone();
+    let mut config = effective(flags)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        if let Some(path) = &kubeconfig {
+            config.api = Some(evlet::api::ApiClient::from_kubeconfig(path).await?);
+        }
         let shutdown = CancellationToken::new();
         let (_handles, task) = evlet::agent::start(config, shutdown.clone()).await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -37,6 +37,20 @@ pub struct Served {
     pub checks: std::sync::Mutex<Vec<(String, Result<(), String>)>>,
 }
 
+impl Served {
+    /// Is the node ready (PLEG healthy, every extra check passing)? `Err` says why,
+    /// in upstream's words where it has them.
+    pub fn ready(&self) -> Result<(), String> {
+        self.health
+            .check()
+            .map_err(|e| format!("PLEG is not healthy: {e}"))?;
+        for (name, check) in self.checks.lock().map(|c| c.clone()).unwrap_or_default() {
+            check.map_err(|e| format!("{name} is not healthy: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
 async fn healthz(State(s): State<Arc<Served>>) -> Response {
     let mut lines = Vec::new();
     let mut ok = true;

@@ -18,6 +18,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::status::StatusManager;
 use crate::cache::PodCache;
 use crate::metrics::Metrics;
 use crate::pleg::hints::Hints;
@@ -90,6 +91,8 @@ struct Shared {
     /// The hinted PLEG's hint set: a pod's relists wait while it syncs, and one
     /// relist follows a sync that made runtime calls (invariant 4).
     hints: Option<Arc<Hints>>,
+    /// Where computed statuses also go (API-server mode).
+    status_sink: std::sync::OnceLock<Arc<StatusManager>>,
     shutdown: CancellationToken,
 }
 
@@ -127,6 +130,7 @@ impl PodWorkers {
                 views: Mutex::new(BTreeMap::new()),
                 done,
                 hints,
+                status_sink: std::sync::OnceLock::new(),
                 shutdown,
             }),
         }
@@ -171,6 +175,26 @@ impl PodWorkers {
             lock(&handle.cancel_sync).cancel();
         }
         handle.wake.notify_one();
+    }
+
+    /// Sends every computed status to `manager` as well (API-server mode).
+    pub fn set_status_sink(&self, manager: Arc<StatusManager>) {
+        let _ = self.shared.status_sink.set(manager);
+    }
+
+    /// Shows a pod that has no worker (rejected at admission) with `status`.
+    pub fn set_view(&self, pod: Pod, status: V1PodStatus) {
+        if let Some(sink) = self.shared.status_sink.get() {
+            sink.set(&pod, &status);
+        }
+        lock(&self.shared.views).insert(
+            pod::uid(&pod),
+            PodView {
+                pod,
+                status,
+                phase: Phase::Terminated,
+            },
+        );
     }
 
     /// Does a worker exist for `uid`?
@@ -223,6 +247,9 @@ impl Worker {
 
     fn publish(&self, pod: &Pod, runtime: &PodStatus, extra: &status::Extra<'_>, phase: Phase) {
         let computed = status::compute(pod, runtime, extra);
+        if let Some(sink) = self.shared.status_sink.get() {
+            sink.set(pod, &computed);
+        }
         lock(&self.shared.views).insert(
             self.uid.clone(),
             PodView {

@@ -1,7 +1,7 @@
 //! Container environment: `env` values, the downward API (`fieldRef`,
 //! `resourceFieldRef`), and `$(VAR)` expansion in commands and args.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -31,6 +31,80 @@ pub struct Runtime<'a> {
     pub pod_ip: Option<&'a str>,
     /// The node's IP.
     pub host_ip: Option<&'a str>,
+    /// ConfigMaps and Secrets fetched from the API server (None: standalone).
+    pub objects: Option<&'a ApiObjects>,
+}
+
+/// The ConfigMaps and Secrets a container refers to, as fetched from the API
+/// server (one missing from the map does not exist).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiObjects {
+    /// ConfigMap name → data.
+    pub config_maps: BTreeMap<String, BTreeMap<String, String>>,
+    /// Secret name → decoded data.
+    pub secrets: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// Names of the ConfigMaps and Secrets `c`'s environment refers to.
+pub fn references(c: &Container) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
+    for from in c.env_from.iter().flatten() {
+        if let Some(r) = &from.config_map_ref {
+            cms.insert(r.name.clone());
+        }
+        if let Some(r) = &from.secret_ref {
+            secrets.insert(r.name.clone());
+        }
+    }
+    for var in c.env.iter().flatten() {
+        if let Some(from) = &var.value_from {
+            if let Some(r) = &from.config_map_key_ref {
+                cms.insert(r.name.clone());
+            }
+            if let Some(r) = &from.secret_key_ref {
+                secrets.insert(r.name.clone());
+            }
+        }
+    }
+    (cms, secrets)
+}
+
+/// One ConfigMap or Secret lookup, with upstream's error messages.
+/// `Ok(None)`: absent and optional.
+fn lookup<'o>(
+    pod: &Pod,
+    objects: Option<&'o ApiObjects>,
+    secret: bool,
+    name: &str,
+    optional: bool,
+) -> Result<Option<&'o BTreeMap<String, String>>, String> {
+    let (kind, lower) = if secret {
+        ("secretKeyRef", "secret")
+    } else {
+        ("configMapKeyRef", "configmap")
+    };
+    let Some(objects) = objects else {
+        return if optional {
+            Ok(None)
+        } else {
+            Err(format!(
+                "{kind} {name} needs the API server (not configured)"
+            ))
+        };
+    };
+    let map = if secret {
+        &objects.secrets
+    } else {
+        &objects.config_maps
+    };
+    match map.get(name) {
+        Some(data) => Ok(Some(data)),
+        None if optional => Ok(None),
+        None => Err(format!(
+            "{lower} \"{name}\" not found (namespace {})",
+            crate::pod::namespace(pod)
+        )),
+    }
 }
 
 /// Why an env var could not be computed.
@@ -115,6 +189,31 @@ pub fn build(
     rt: &Runtime<'_>,
 ) -> Result<Vec<(String, String)>, EnvError> {
     let mut out: Vec<(String, String)> = Vec::new();
+    // envFrom first; `env` entries override them (upstream's order).
+    for from in c.env_from.iter().flatten() {
+        let prefix = from.prefix.as_deref().unwrap_or("");
+        let source = from
+            .config_map_ref
+            .as_ref()
+            .map(|r| (false, &r.name, r.optional == Some(true)))
+            .or_else(|| {
+                from.secret_ref
+                    .as_ref()
+                    .map(|r| (true, &r.name, r.optional == Some(true)))
+            });
+        let Some((secret, name, optional)) = source else {
+            continue;
+        };
+        let data = lookup(pod, rt.objects, secret, name, optional).map_err(|message| EnvError {
+            name: format!("envFrom {name}"),
+            message,
+        })?;
+        for (k, v) in data.into_iter().flatten() {
+            let key = format!("{prefix}{k}");
+            out.retain(|(n, _)| n != &key);
+            out.push((key, v.clone()));
+        }
+    }
     for var in c.env.iter().flatten() {
         let err = |message: String| EnvError {
             name: var.name.clone(),
@@ -126,22 +225,31 @@ pub fn build(
                     .ok_or_else(|| err(format!("unsupported fieldRef {:?}", f.field_path)))?
             } else if let Some(r) = &from.resource_field_ref {
                 resource(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str())).map_err(err)?
-            } else if let Some(cm) = &from.config_map_key_ref {
-                if cm.optional == Some(true) {
+            } else if let Some((secret, name, key, optional)) = from
+                .config_map_key_ref
+                .as_ref()
+                .map(|r| (false, &r.name, &r.key, r.optional == Some(true)))
+                .or_else(|| {
+                    from.secret_key_ref
+                        .as_ref()
+                        .map(|r| (true, &r.name, &r.key, r.optional == Some(true)))
+                })
+            {
+                let Some(data) = lookup(pod, rt.objects, secret, name, optional).map_err(err)?
+                else {
                     continue;
+                };
+                match data.get(key) {
+                    Some(v) => v.clone(),
+                    None if optional => continue,
+                    None => {
+                        return Err(err(format!(
+                            "couldn't find key {key} in {} {}/{name}",
+                            if secret { "Secret" } else { "ConfigMap" },
+                            crate::pod::namespace(pod)
+                        )));
+                    }
                 }
-                return Err(err(format!(
-                    "configMapKeyRef {}/{} needs the API server (not configured)",
-                    cm.name, cm.key
-                )));
-            } else if let Some(s) = &from.secret_key_ref {
-                if s.optional == Some(true) {
-                    continue;
-                }
-                return Err(err(format!(
-                    "secretKeyRef {}/{} needs the API server (not configured)",
-                    s.name, s.key
-                )));
             } else {
                 String::new()
             }
@@ -208,6 +316,7 @@ mod tests {
             &Runtime {
                 pod_ip: Some("10.0.0.7"),
                 host_ip: None,
+                objects: None,
             },
         )
         .expect("env");
@@ -233,5 +342,64 @@ mod tests {
         let c = &p.spec.as_ref().expect("spec").containers[0];
         let err = build(&p, c, &Runtime::default()).expect_err("no API");
         assert_eq!(err.name, "PW");
+    }
+
+    #[test]
+    fn config_maps_and_secrets_fill_env_and_env_from_with_prefix_and_overrides() {
+        let p: Pod = serde_yaml::from_str(
+            "metadata: {name: s, namespace: prod}\nspec:\n  containers:\n  - name: app\n    image: i\n    envFrom:\n    - {configMapRef: {name: settings}, prefix: CFG_}\n    - {secretRef: {name: absent, optional: true}}\n    env:\n    - name: CFG_MODE\n      value: override\n    - name: PW\n      valueFrom: {secretKeyRef: {name: db, key: pw}}\n    - name: OPT\n      valueFrom: {configMapKeyRef: {name: settings, key: nope, optional: true}}\n",
+        )
+        .expect("pod");
+        let c = &p.spec.as_ref().expect("spec").containers[0];
+        let (cms, secrets) = references(c);
+        assert_eq!(cms.into_iter().collect::<Vec<_>>(), ["settings"]);
+        assert_eq!(secrets.into_iter().collect::<Vec<_>>(), ["absent", "db"]);
+        let objects = ApiObjects {
+            config_maps: [(
+                "settings".to_owned(),
+                [("MODE", "fast"), ("LEVEL", "3")]
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .into(),
+            )]
+            .into(),
+            secrets: [(
+                "db".to_owned(),
+                [("pw".to_owned(), "s3cret".to_owned())].into(),
+            )]
+            .into(),
+        };
+        let rt = Runtime {
+            objects: Some(&objects),
+            ..Default::default()
+        };
+        let env = build(&p, c, &rt).expect("env");
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("CFG_LEVEL"), Some("3"));
+        assert_eq!(get("CFG_MODE"), Some("override"));
+        assert_eq!(get("PW"), Some("s3cret"));
+        assert_eq!(get("OPT"), None);
+
+        let none = ApiObjects::default();
+        let rt = Runtime {
+            objects: Some(&none),
+            ..Default::default()
+        };
+        let err = build(&p, c, &rt).expect_err("settings missing");
+        assert_eq!(err.name, "envFrom settings");
+        assert!(
+            err.message.contains("configmap \"settings\" not found"),
+            "{err}"
+        );
+        let no_key = ApiObjects {
+            secrets: [("db".to_owned(), BTreeMap::new())].into(),
+            config_maps: [("settings".to_owned(), BTreeMap::new())].into(),
+        };
+        let rt = Runtime {
+            objects: Some(&no_key),
+            ..Default::default()
+        };
+        let err = build(&p, c, &rt).expect_err("key missing");
+        assert_eq!(err.name, "PW");
+        assert_eq!(err.message, "couldn't find key pw in Secret prod/db");
     }
 }

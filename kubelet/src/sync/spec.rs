@@ -307,6 +307,8 @@ pub struct ContainerContext<'a> {
     pub restart_count: u32,
     /// The pod IP (for the downward API).
     pub pod_ip: Option<&'a str>,
+    /// ConfigMaps and Secrets the env refers to (API-server mode).
+    pub objects: Option<&'a env::ApiObjects>,
 }
 
 /// The CRI config of one container instance.
@@ -325,6 +327,7 @@ pub fn container_config(
         &env::Runtime {
             pod_ip: ctx.pod_ip,
             host_ip: node.host_ip.as_deref(),
+            objects: ctx.objects,
         },
     )?;
     let env_map = envs.iter().cloned().collect();
@@ -515,6 +518,7 @@ mod tests {
                 kind: Kind::App,
                 restart_count: 2,
                 pod_ip: None,
+                objects: None,
             },
         )
         .expect("config");

@@ -63,6 +63,10 @@ pub struct Syncer {
     crash: Mutex<Backoff>,
     /// Image pull backoff per `<uid>/<image>`.
     pulls: Mutex<Backoff>,
+    /// Where Kubernetes-style events go (Pulled, Created, Started, Killing, BackOff).
+    events: std::sync::OnceLock<std::sync::Arc<crate::diagnostics::Diagnostics>>,
+    /// The API server, for ConfigMaps and Secrets referenced by env.
+    api: std::sync::OnceLock<crate::api::ApiClient>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -90,6 +94,76 @@ impl Syncer {
                 Duration::from_secs(10),
                 Duration::from_secs(300),
             )),
+            events: std::sync::OnceLock::new(),
+            api: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Reads ConfigMaps and Secrets for env from `client` from now on.
+    pub fn set_api(&self, client: crate::api::ApiClient) {
+        let _ = self.api.set(client);
+    }
+
+    /// The ConfigMaps and Secrets `c`'s env refers to (GET each; a missing one
+    /// is left out, for the env builder to judge). None without an API server.
+    async fn env_objects(
+        &self,
+        pod: &Pod,
+        c: &Container,
+    ) -> Result<Option<crate::sync::env::ApiObjects>, String> {
+        use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+        let Some(client) = self.api.get() else {
+            return Ok(None);
+        };
+        let (cms, secrets) = crate::sync::env::references(c);
+        let mut objects = crate::sync::env::ApiObjects::default();
+        let ns = pod::namespace(pod);
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.0.clone(), ns);
+        for name in cms {
+            let cm = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| format!("configmap {ns}/{name}: {e}"))?;
+            if let Some(cm) = cm {
+                objects
+                    .config_maps
+                    .insert(name, cm.data.unwrap_or_default());
+            }
+        }
+        let api: kube::Api<Secret> = kube::Api::namespaced(client.0.clone(), ns);
+        for name in secrets {
+            let secret = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| format!("secret {ns}/{name}: {e}"))?;
+            if let Some(secret) = secret {
+                let mut data: BTreeMap<String, String> = secret
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                    .collect();
+                data.extend(secret.string_data.unwrap_or_default());
+                objects.secrets.insert(name, data);
+            }
+        }
+        Ok(Some(objects))
+    }
+
+    /// Records events in `diagnostics` from now on.
+    pub fn set_events(&self, diagnostics: std::sync::Arc<crate::diagnostics::Diagnostics>) {
+        let _ = self.events.set(diagnostics);
+    }
+
+    fn event(&self, pod: &Pod, container: &str, kind: &str, reason: &str, message: String) {
+        if let Some(d) = self.events.get() {
+            d.event(crate::diagnostics::Event::about(
+                pod,
+                Some(container),
+                kind,
+                reason,
+                message,
+            ));
         }
     }
 
@@ -271,6 +345,18 @@ impl Syncer {
                 let retry = crash
                     .retry_at(&key, finished)
                     .saturating_duration_since(now);
+                drop(crash);
+                self.event(
+                    pod,
+                    &c.name,
+                    "Warning",
+                    "BackOff",
+                    format!(
+                        "Back-off restarting failed container {} in pod {}",
+                        c.name,
+                        pod::full_name(pod)
+                    ),
+                );
                 return Err(Start::Waiting(
                     Waiting {
                         reason: "CrashLoopBackOff".into(),
@@ -287,20 +373,24 @@ impl Syncer {
             crash.next(&key, now);
         }
         self.ensure_image(pod, c, sandbox_config).await?;
+        let config_error = |message: String| {
+            Start::Waiting(
+                Waiting {
+                    reason: "CreateContainerConfigError".into(),
+                    message,
+                },
+                Some(Duration::from_secs(10)),
+            )
+        };
+        let objects = self.env_objects(pod, c).await.map_err(config_error)?;
         let ctx = ContainerContext {
             kind,
             restart_count,
             pod_ip,
+            objects: objects.as_ref(),
         };
-        let config = spec::container_config(&self.node, pod, c, &ctx).map_err(|e| {
-            Start::Waiting(
-                Waiting {
-                    reason: "CreateContainerConfigError".into(),
-                    message: e.to_string(),
-                },
-                Some(Duration::from_secs(10)),
-            )
-        })?;
+        let config = spec::container_config(&self.node, pod, c, &ctx)
+            .map_err(|e| config_error(e.to_string()))?;
         let id = match self
             .client
             .create_container(sandbox, config, sandbox_config.clone())
@@ -318,6 +408,13 @@ impl Syncer {
                 ));
             }
         };
+        self.event(
+            pod,
+            &c.name,
+            "Normal",
+            "Created",
+            format!("Created container: {}", c.name),
+        );
         if let Err(e) = self.client.start_container(&id).await {
             if e.is_retryable() {
                 return Err(Start::Runtime(e));
@@ -331,6 +428,13 @@ impl Syncer {
             ));
         }
         tracing::info!(pod = %pod::key(pod), container = %c.name, id = %id.short(), restart_count, "container started");
+        self.event(
+            pod,
+            &c.name,
+            "Normal",
+            "Started",
+            format!("Started container {}", c.name),
+        );
         Ok(())
     }
 
@@ -367,7 +471,16 @@ impl Syncer {
                     Some(Duration::from_secs(10)),
                 ));
             }
-            "IfNotPresent" if present().await? => return Ok(()),
+            "IfNotPresent" if present().await? => {
+                self.event(
+                    pod,
+                    &c.name,
+                    "Normal",
+                    "Pulled",
+                    format!("Container image {image:?} already present on machine"),
+                );
+                return Ok(());
+            }
             _ => {}
         }
         let key = format!("{}/{image}", pod::uid(pod));
@@ -393,9 +506,23 @@ impl Syncer {
         {
             Ok(_) => {
                 lock(&self.pulls).forget_prefix(&key);
+                self.event(
+                    pod,
+                    &c.name,
+                    "Normal",
+                    "Pulled",
+                    format!("Successfully pulled image {image:?}"),
+                );
                 Ok(())
             }
             Err(e) => {
+                self.event(
+                    pod,
+                    &c.name,
+                    "Warning",
+                    "Failed",
+                    format!("Failed to pull image {image:?}: {}", e.message),
+                );
                 let mut pulls = lock(&self.pulls);
                 pulls.next(&key, now);
                 Err(Start::Waiting(
@@ -424,6 +551,13 @@ impl Syncer {
     ) -> Result<(), evlet_cri::Error> {
         let grace =
             Duration::from_secs(grace.unwrap_or_else(|| pod::grace_period(pod)).max(0) as u64);
+        self.event(
+            pod,
+            name,
+            "Normal",
+            "Killing",
+            format!("Stopping container {name}"),
+        );
         let started = Instant::now();
         let spec = pod.spec.as_ref();
         let container = spec.and_then(|s| {

@@ -62,6 +62,9 @@ impl World {
             ebpf_relist_period: Duration::from_secs(2),
             ebpf_ring_bytes: 1 << 20,
             log_format: LogFormat::Text,
+            api: None,
+            max_pods: evlet::config::MAX_PODS,
+            register_with_taints: Vec::new(),
         }
     }
 

@@ -1,0 +1,177 @@
+//! Admission of API pods (upstream's `PredicateAdmitHandler`, resource part):
+//! a pod is rejected if the node cannot hold it. Its status becomes phase
+//! `Failed` with upstream's reason and message; it is never started.
+//!
+//! Static pods are not admitted here: upstream treats them as critical and
+//! makes room for them instead of rejecting them.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::pod;
+use crate::quantity;
+
+/// What the node can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocatable {
+    /// CPU in millicores.
+    pub cpu_milli: i64,
+    /// Memory in bytes.
+    pub memory: i64,
+    /// `maxPods`.
+    pub pods: i64,
+}
+
+/// Why a pod was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// `OutOfcpu`, `OutOfmemory`, `OutOfpods`.
+    pub reason: String,
+    /// Upstream's message.
+    pub message: String,
+}
+
+/// A pod's effective requests (millicores, bytes): the larger of the app
+/// containers plus sidecars, and any one init container (upstream's
+/// `PodRequests` without overhead).
+pub fn requests(pod: &Pod) -> (i64, i64) {
+    let Some(spec) = pod.spec.as_ref() else {
+        return (0, 0);
+    };
+    let of = |c: &Container, name: &str, milli: bool| -> i64 {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get(name))
+            .and_then(|q| {
+                if milli {
+                    quantity::parse_milli(&q.0).ok()
+                } else {
+                    quantity::parse(&q.0).ok()
+                }
+            })
+            .unwrap_or(0)
+    };
+    let mut cpu: i64 = 0;
+    let mut mem: i64 = 0;
+    let mut init_cpu: i64 = 0;
+    let mut init_mem: i64 = 0;
+    let mut sidecar_cpu: i64 = 0;
+    let mut sidecar_mem: i64 = 0;
+    for c in spec.init_containers.iter().flatten() {
+        if pod::is_restartable_init(c) {
+            sidecar_cpu = sidecar_cpu.saturating_add(of(c, "cpu", true));
+            sidecar_mem = sidecar_mem.saturating_add(of(c, "memory", false));
+        } else {
+            init_cpu = init_cpu.max(sidecar_cpu.saturating_add(of(c, "cpu", true)));
+            init_mem = init_mem.max(sidecar_mem.saturating_add(of(c, "memory", false)));
+        }
+    }
+    for c in &spec.containers {
+        cpu = cpu.saturating_add(of(c, "cpu", true));
+        mem = mem.saturating_add(of(c, "memory", false));
+    }
+    (
+        cpu.saturating_add(sidecar_cpu).max(init_cpu),
+        mem.saturating_add(sidecar_mem).max(init_mem),
+    )
+}
+
+/// Does `pod` fit next to `active` (the pods admitted and not terminated)?
+///
+/// # Errors
+/// The first resource that does not fit, in upstream's order: pods, cpu, memory.
+pub fn admit<'a>(
+    pod: &Pod,
+    active: impl IntoIterator<Item = &'a Pod>,
+    node: &Allocatable,
+) -> Result<(), Rejection> {
+    let (mut used_cpu, mut used_mem, mut used_pods) = (0i64, 0i64, 0i64);
+    for p in active {
+        let (c, m) = requests(p);
+        used_cpu = used_cpu.saturating_add(c);
+        used_mem = used_mem.saturating_add(m);
+        used_pods += 1;
+    }
+    let (cpu, mem) = requests(pod);
+    let reject = |resource: &str, reason: &str, requested: i64, used: i64, capacity: i64| {
+        Err(Rejection {
+            reason: reason.into(),
+            message: format!(
+                "Pod was rejected: Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, capacity: {capacity}"
+            ),
+        })
+    };
+    if used_pods + 1 > node.pods {
+        return reject("pods", "OutOfpods", 1, used_pods, node.pods);
+    }
+    if cpu > 0 && used_cpu.saturating_add(cpu) > node.cpu_milli {
+        return reject("cpu", "OutOfcpu", cpu, used_cpu, node.cpu_milli);
+    }
+    if mem > 0 && used_mem.saturating_add(mem) > node.memory {
+        return reject("memory", "OutOfmemory", mem, used_mem, node.memory);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(cpu: &str, mem: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "i",
+                "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}
+        }))
+        .expect("pod")
+    }
+
+    const NODE: Allocatable = Allocatable {
+        cpu_milli: 2000,
+        memory: 1 << 30,
+        pods: 3,
+    };
+
+    #[test]
+    fn pods_that_fit_are_admitted() {
+        let running = [pod("500m", "256Mi"), pod("1", "256Mi")];
+        assert_eq!(admit(&pod("500m", "512Mi"), &running, &NODE), Ok(()));
+    }
+
+    #[test]
+    fn too_much_cpu_is_out_of_cpu_with_upstreams_message() {
+        let running = [pod("1500m", "1Mi")];
+        let err = admit(&pod("1", "1Mi"), &running, &NODE).expect_err("rejected");
+        assert_eq!(err.reason, "OutOfcpu");
+        assert_eq!(
+            err.message,
+            "Pod was rejected: Node didn't have enough resource: cpu, requested: 1000, used: 1500, capacity: 2000"
+        );
+    }
+
+    #[test]
+    fn too_much_memory_and_too_many_pods_are_rejected() {
+        let err = admit(&pod("1m", "2Gi"), [], &NODE).expect_err("rejected");
+        assert_eq!(err.reason, "OutOfmemory");
+        let three = [pod("1m", "1Mi"), pod("1m", "1Mi"), pod("1m", "1Mi")];
+        let err = admit(&pod("1m", "1Mi"), &three, &NODE).expect_err("rejected");
+        assert_eq!(err.reason, "OutOfpods");
+    }
+
+    #[test]
+    fn init_containers_count_by_their_largest_and_sidecars_add_up() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "i1", "image": "i", "resources": {"requests": {"cpu": "1500m"}}},
+                    {"name": "side", "image": "i", "restartPolicy": "Always",
+                     "resources": {"requests": {"cpu": "200m"}}}
+                ],
+                "containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "300m"}}}]
+            }
+        }))
+        .expect("pod");
+        assert_eq!(requests(&p).0, 1500);
+    }
+}

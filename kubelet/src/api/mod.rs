@@ -1,0 +1,173 @@
+//! API-server mode: how evlet joins a cluster.
+//!
+//! * [`node`]: registration of the Node, its status every 10 s, the Lease heartbeat.
+//! * [`pods`]: the pods bound to this node (LIST + WATCH), as a pod source, and the
+//!   mirror pods seen there.
+//! * [`status`]: the status manager (versioned, coalesced `pods/status` patches, the
+//!   final delete of terminated pods).
+//! * [`mirror`]: mirror pods of static pods.
+//! * [`events`]: Kubernetes Events (aggregated repeats, per-pod rate limit).
+//! * [`ratelimit`]: client-side QPS/burst (upstream's 50/100).
+//! * [`admission`]: resource and pod-count admission with upstream's reasons.
+//!
+//! Every request is listed with its upstream counterpart in ARCHITECTURE.md. None of
+//! these loops ever stops the agent: an unreachable API server is retried with
+//! backoff while pods keep running.
+
+pub mod admission;
+pub mod events;
+pub mod mirror;
+pub mod node;
+pub mod pods;
+pub mod ratelimit;
+pub mod status;
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+/// A Kubernetes API client (kube-rs) for one node.
+#[derive(Clone)]
+pub struct ApiClient(pub kube::Client);
+
+impl fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiClient")
+    }
+}
+
+/// Why the API client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The kubeconfig could not be read or is invalid.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The client could not be built from it.
+    #[error("kubeconfig {path}: {source}")]
+    Client {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ApiClient {
+    /// A client from a kubeconfig file (its current context).
+    ///
+    /// # Errors
+    /// [`ApiError`] naming the file if it cannot be read or used.
+    pub async fn from_kubeconfig(path: &Path) -> Result<Self, ApiError> {
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(path).map_err(|source| ApiError::Kubeconfig {
+                path: path.to_owned(),
+                source,
+            })?;
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .map_err(|source| ApiError::Kubeconfig {
+                path: path.to_owned(),
+                source,
+            })?;
+        // Upstream kubelet's runtime request timeout for API calls is 2 min at
+        // most; watches set their own server-side timeout.
+        config.read_timeout = Some(Duration::from_secs(295));
+        config.write_timeout = Some(Duration::from_secs(60));
+        let builder =
+            kube::client::ClientBuilder::try_from(config).map_err(|source| ApiError::Client {
+                path: path.to_owned(),
+                source,
+            })?;
+        let client = builder
+            .with_layer(&ratelimit::RateLimitLayer::new(
+                ratelimit::QPS,
+                ratelimit::BURST,
+            ))
+            .build();
+        Ok(Self(client))
+    }
+}
+
+/// Is `err` the API server saying the object does not exist?
+pub(crate) fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Is `err` a 409 (conflict or already exists)?
+pub(crate) fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 409)
+}
+
+/// `DELETE` options that remove exactly the object with `uid`, at once (grace
+/// period 0): a newer object of the same name is never hit.
+pub(crate) fn delete_exactly(uid: Option<String>) -> kube::api::DeleteParams {
+    kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Exponential backoff for API retries: `start` doubling to `max`.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    start: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(start: Duration, max: Duration) -> Self {
+        Self {
+            start,
+            max,
+            next: start,
+        }
+    }
+
+    /// The delay before the next retry.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = self.start;
+    }
+
+    /// The wait after a pass: the next backoff delay if it failed, else `period`
+    /// (and the backoff starts over).
+    pub(crate) fn after(&mut self, failed: bool, period: Duration) -> Duration {
+        if failed {
+            self.next_delay()
+        } else {
+            self.reset();
+            period
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
+        let delays: Vec<u128> = (0..5).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(delays, [200, 400, 800, 1000, 1000]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_millis(200));
+    }
+}

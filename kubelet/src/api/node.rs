@@ -1,0 +1,628 @@
+//! The Node object: registration (create, or adopt an existing one), its status
+//! every 10 s (patched on change or every 5 min, like upstream with leases on),
+//! and the Lease heartbeat `kube-node-lease/<node>` (40 s, renewed every 10 s).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use tokio_util::sync::CancellationToken;
+
+use super::{Backoff, is_conflict, is_not_found};
+
+/// Upstream's `nodeStatusUpdateFrequency`.
+pub const STATUS_UPDATE: Duration = Duration::from_secs(10);
+/// Upstream's `nodeStatusReportFrequency`: an unchanged status is still sent this often.
+pub const STATUS_REPORT: Duration = Duration::from_secs(300);
+/// Upstream's `nodeLeaseDurationSeconds`.
+pub const LEASE_DURATION_SECONDS: i32 = 40;
+/// Upstream renews at a quarter of the duration.
+pub const LEASE_RENEW: Duration = Duration::from_secs(10);
+/// Namespace of node leases.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// Upstream's hard eviction thresholds, used for the pressure conditions.
+const MEMORY_AVAILABLE_MIN: u64 = 100 << 20;
+const NODEFS_AVAILABLE_MIN_PERCENT: u64 = 10;
+const PIDS_AVAILABLE_MIN_PERCENT: u64 = 10;
+
+/// Is the node ready? `Err` carries the reason (runtime down, PLEG unhealthy).
+pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// What the node reports about itself.
+#[derive(Clone)]
+pub struct NodeInput {
+    /// The node's name.
+    pub name: String,
+    /// `--node-ip`.
+    pub node_ip: Option<String>,
+    /// The machine's hostname.
+    pub hostname: String,
+    /// `maxPods`.
+    pub max_pods: u32,
+    /// `--register-with-taints`.
+    pub taints: Vec<Taint>,
+    /// The root directory (its filesystem is `ephemeral-storage`).
+    pub root_dir: PathBuf,
+    /// `containerd://1.7.24`.
+    pub runtime_version: String,
+    /// The HTTP endpoint's port (`daemonEndpoints.kubeletEndpoint`).
+    pub port: u16,
+    /// Readiness of the runtime and the PLEG.
+    pub ready: Readiness,
+}
+
+impl std::fmt::Debug for NodeInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeInput")
+            .field("name", &self.name)
+            .field("max_pods", &self.max_pods)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the node has, read from the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Machine {
+    /// Online CPUs.
+    pub cpus: u64,
+    /// `MemTotal` in bytes.
+    pub memory: u64,
+    /// `MemAvailable` in bytes.
+    pub memory_available: u64,
+    /// Size of the root directory's filesystem in bytes.
+    pub disk: u64,
+    /// Bytes available to unprivileged users there.
+    pub disk_available: u64,
+    /// `kernel.pid_max`.
+    pub pid_max: u64,
+    /// Processes running now.
+    pub pids: u64,
+}
+
+impl Machine {
+    /// Reads the machine (procfs, statvfs). Missing values read as 0.
+    pub fn read(root_dir: &std::path::Path) -> Self {
+        use procfs::Current as _;
+        let meminfo = procfs::Meminfo::current().ok();
+        let (disk, disk_available) = statvfs(root_dir).unwrap_or((0, 0));
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+            memory: meminfo.as_ref().map_or(0, |m| m.mem_total),
+            memory_available: meminfo.as_ref().and_then(|m| m.mem_available).unwrap_or(0),
+            disk,
+            disk_available,
+            pid_max: std::fs::read_to_string("/proc/sys/kernel/pid_max")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(32768),
+            pids: procfs::LoadAverage::current().map_or(0, |l| u64::from(l.max)),
+        }
+    }
+}
+
+fn statvfs(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid C string and `st` a buffer of the right type.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled the buffer.
+    let st = unsafe { st.assume_init() };
+    let frsize = st.f_frsize;
+    Some((
+        st.f_blocks.saturating_mul(frsize),
+        st.f_bavail.saturating_mul(frsize),
+    ))
+}
+
+fn os_image() -> String {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .unwrap_or_else(|| "Linux".into())
+}
+
+fn kernel_version() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn machine_id() -> String {
+    std::fs::read_to_string("/etc/machine-id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// `capacity` (and `allocatable`: evlet reserves nothing yet).
+pub fn capacity(machine: &Machine, max_pods: u32) -> BTreeMap<String, Quantity> {
+    [
+        ("cpu", machine.cpus.to_string()),
+        ("memory", format!("{}Ki", machine.memory / 1024)),
+        ("ephemeral-storage", format!("{}Ki", machine.disk / 1024)),
+        ("pods", max_pods.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), Quantity(v)))
+    .collect()
+}
+
+/// The node's labels (upstream's defaults).
+pub fn labels(name: &str) -> BTreeMap<String, String> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    [
+        ("kubernetes.io/hostname", name),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", arch),
+        ("beta.kubernetes.io/os", "linux"),
+        ("beta.kubernetes.io/arch", arch),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+/// The Node object registration creates.
+pub fn initial(input: &NodeInput, machine: &Machine) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(input.name.clone()),
+            labels: Some(labels(&input.name)),
+            annotations: Some(
+                [(
+                    "volumes.kubernetes.io/controller-managed-attach-detach".to_owned(),
+                    "true".to_owned(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: (!input.taints.is_empty()).then(|| input.taints.clone()),
+            ..Default::default()
+        }),
+        status: Some(status(input, machine, None)),
+    }
+}
+
+fn condition(
+    kind: &str,
+    ok_is_true: bool,
+    bad: Option<String>,
+    good_reason: &str,
+    bad_reason: &str,
+    good_message: &str,
+    previous: Option<&NodeCondition>,
+) -> NodeCondition {
+    let healthy = bad.is_none();
+    let status = if healthy == ok_is_true {
+        "True"
+    } else {
+        "False"
+    };
+    let now = crate::status::now();
+    let transition = previous
+        .filter(|p| p.status == status)
+        .and_then(|p| p.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    NodeCondition {
+        type_: kind.to_owned(),
+        status: status.to_owned(),
+        reason: Some(if healthy { good_reason } else { bad_reason }.to_owned()),
+        message: Some(bad.unwrap_or_else(|| good_message.to_owned())),
+        last_heartbeat_time: Some(now),
+        last_transition_time: Some(transition),
+    }
+}
+
+/// The node status now; `previous` keeps the conditions' transition times.
+pub fn status(input: &NodeInput, machine: &Machine, previous: Option<&NodeStatus>) -> NodeStatus {
+    let prev = |t: &str| {
+        previous
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == t))
+    };
+    let memory = (machine.memory_available < MEMORY_AVAILABLE_MIN).then(|| {
+        format!(
+            "memory.available {}Mi is below {}Mi",
+            machine.memory_available >> 20,
+            MEMORY_AVAILABLE_MIN >> 20
+        )
+    });
+    let disk = (machine.disk > 0
+        && machine.disk_available * 100 < machine.disk * NODEFS_AVAILABLE_MIN_PERCENT)
+        .then(|| format!("nodefs.available is below {NODEFS_AVAILABLE_MIN_PERCENT}%"));
+    let pids = (machine.pids * 100 > machine.pid_max * (100 - PIDS_AVAILABLE_MIN_PERCENT))
+        .then(|| format!("pid.available is below {PIDS_AVAILABLE_MIN_PERCENT}%"));
+    let ready = (input.ready)().err();
+    let conditions = vec![
+        condition(
+            "MemoryPressure",
+            false,
+            memory,
+            "KubeletHasSufficientMemory",
+            "KubeletHasInsufficientMemory",
+            "kubelet has sufficient memory available",
+            prev("MemoryPressure"),
+        ),
+        condition(
+            "DiskPressure",
+            false,
+            disk,
+            "KubeletHasNoDiskPressure",
+            "KubeletHasDiskPressure",
+            "kubelet has no disk pressure",
+            prev("DiskPressure"),
+        ),
+        condition(
+            "PIDPressure",
+            false,
+            pids,
+            "KubeletHasSufficientPID",
+            "KubeletHasInsufficientPID",
+            "kubelet has sufficient PID available",
+            prev("PIDPressure"),
+        ),
+        condition(
+            "Ready",
+            true,
+            ready,
+            "KubeletReady",
+            "KubeletNotReady",
+            "kubelet is posting ready status",
+            prev("Ready"),
+        ),
+    ];
+    let mut addresses = Vec::new();
+    if let Some(ip) = &input.node_ip {
+        addresses.push(NodeAddress {
+            type_: "InternalIP".into(),
+            address: ip.clone(),
+        });
+    }
+    addresses.push(NodeAddress {
+        type_: "Hostname".into(),
+        address: input.hostname.clone(),
+    });
+    let capacity = capacity(machine, input.max_pods);
+    NodeStatus {
+        allocatable: Some(capacity.clone()),
+        capacity: Some(capacity),
+        conditions: Some(conditions),
+        addresses: Some(addresses),
+        daemon_endpoints: Some(k8s_openapi::api::core::v1::NodeDaemonEndpoints {
+            kubelet_endpoint: Some(k8s_openapi::api::core::v1::DaemonEndpoint {
+                port: i32::from(input.port),
+            }),
+        }),
+        node_info: Some(NodeSystemInfo {
+            architecture: std::env::consts::ARCH
+                .replace("x86_64", "amd64")
+                .replace("aarch64", "arm64"),
+            boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default(),
+            container_runtime_version: input.runtime_version.clone(),
+            kernel_version: kernel_version(),
+            kube_proxy_version: String::new(),
+            kubelet_version: format!("v1.34.0-evlet.{}", env!("CARGO_PKG_VERSION")),
+            machine_id: machine_id(),
+            operating_system: "linux".into(),
+            os_image: os_image(),
+            system_uuid: std::fs::read_to_string("/sys/class/dmi/id/product_uuid")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The status with heartbeat times removed: what "changed" is judged on.
+fn comparable(status: &NodeStatus) -> serde_json::Value {
+    let mut s = status.clone();
+    for c in s.conditions.iter_mut().flatten() {
+        c.last_heartbeat_time = None;
+    }
+    serde_json::to_value(s).unwrap_or_default()
+}
+
+/// Registers the node: POST, and on AlreadyExists adopt the existing object
+/// (GET, then patch its labels and status). Retries with backoff (100 ms to 7 s)
+/// until it succeeds or `shutdown`; returns the registered Node.
+pub async fn register(
+    client: &kube::Client,
+    input: &NodeInput,
+    shutdown: &CancellationToken,
+) -> Option<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(7));
+    loop {
+        let machine = Machine::read(&input.root_dir);
+        let node = initial(input, &machine);
+        let result = match nodes.create(&PostParams::default(), &node).await {
+            Ok(created) => {
+                tracing::info!(node = %input.name, "registered the node with the API server");
+                Ok(created)
+            }
+            Err(e) if is_conflict(&e) => adopt(&nodes, input, &node).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(node) => return Some(node),
+            Err(e) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(node = %input.name, error = %e, retry_in = ?delay, "node registration failed");
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Adopts an existing Node: keeps its spec, sets evlet's default labels and the
+/// current status in one strategic-merge patch of `nodes/<name>/status`.
+async fn adopt(nodes: &Api<Node>, input: &NodeInput, wanted: &Node) -> Result<Node, kube::Error> {
+    let existing = nodes.get(&input.name).await?;
+    tracing::info!(node = %input.name, "node already exists; adopting it");
+    let mut labels = existing.metadata.labels.clone().unwrap_or_default();
+    labels.extend(labels_of(wanted));
+    let patch = serde_json::json!({
+        "metadata": {"labels": labels},
+        "status": wanted.status,
+    });
+    nodes
+        .patch_status(
+            &input.name,
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+}
+
+fn labels_of(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+/// Sends the node status every [`STATUS_UPDATE`]: a strategic-merge patch of
+/// `nodes/<name>/status` when it changed (heartbeats aside) or every [`STATUS_REPORT`].
+pub async fn run_status(
+    client: kube::Client,
+    input: NodeInput,
+    registered: Node,
+    shutdown: CancellationToken,
+) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut last_sent = registered.status.clone();
+    let mut last_report = tokio::time::Instant::now();
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
+    let mut delay = STATUS_UPDATE;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        let machine = Machine::read(&input.root_dir);
+        let new = status(&input, &machine, last_sent.as_ref());
+        let changed = last_sent.as_ref().map(comparable) != Some(comparable(&new));
+        if !changed && last_report.elapsed() < STATUS_REPORT {
+            delay = STATUS_UPDATE;
+            continue;
+        }
+        let patch = serde_json::json!({ "status": new });
+        match nodes
+            .patch_status(
+                &input.name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                if changed {
+                    tracing::debug!(node = %input.name, "node status changed; patched");
+                }
+                last_sent = Some(new);
+                last_report = tokio::time::Instant::now();
+                backoff.reset();
+                delay = STATUS_UPDATE;
+            }
+            Err(e) => {
+                delay = backoff.next_delay().min(STATUS_UPDATE);
+                tracing::warn!(node = %input.name, error = %e, retry_in = ?delay, "updating node status failed");
+            }
+        }
+    }
+}
+
+fn lease_for(name: &str, node_uid: Option<&str>) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(LEASE_NAMESPACE.to_owned()),
+            owner_references: node_uid.map(|uid| {
+                vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: name.to_owned(),
+                    uid: uid.to_owned(),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name.to_owned()),
+            lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
+            renew_time: Some(MicroTime(crate::status::now().0)),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Keeps `kube-node-lease/<node>` renewed: GET (CREATE if absent) once, then a
+/// PUT with a fresh `renewTime` every [`LEASE_RENEW`]. A failed or conflicting
+/// update drops the cached lease and retries with backoff (200 ms to 7 s).
+pub async fn run_lease(
+    client: kube::Client,
+    name: String,
+    node_uid: Option<String>,
+    shutdown: CancellationToken,
+) {
+    let leases: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
+    let mut current: Option<Lease> = None;
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
+    loop {
+        let result = match current.take() {
+            None => match leases.get(&name).await {
+                Ok(lease) => renew(&leases, &name, lease).await,
+                Err(e) if is_not_found(&e) => {
+                    leases
+                        .create(
+                            &PostParams::default(),
+                            &lease_for(&name, node_uid.as_deref()),
+                        )
+                        .await
+                }
+                Err(e) => Err(e),
+            },
+            Some(lease) => renew(&leases, &name, lease).await,
+        };
+        let delay = match result {
+            Ok(lease) => {
+                current = Some(lease);
+                backoff.reset();
+                LEASE_RENEW
+            }
+            Err(e) => {
+                let d = backoff.next_delay();
+                tracing::warn!(node = %name, error = %e, conflict = is_conflict(&e), retry_in = ?d, "renewing the node lease failed");
+                d
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+async fn renew(leases: &Api<Lease>, name: &str, mut lease: Lease) -> Result<Lease, kube::Error> {
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = Some(name.to_owned());
+    spec.lease_duration_seconds = Some(LEASE_DURATION_SECONDS);
+    spec.renew_time = Some(MicroTime(crate::status::now().0));
+    leases.replace(name, &PostParams::default(), &lease).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(ready: Result<(), String>) -> NodeInput {
+        NodeInput {
+            name: "n1".into(),
+            node_ip: Some("10.0.0.5".into()),
+            hostname: "host".into(),
+            max_pods: 110,
+            taints: vec![],
+            root_dir: "/".into(),
+            runtime_version: "containerd://1.7.24".into(),
+            port: 10255,
+            ready: Arc::new(move || ready.clone()),
+        }
+    }
+
+    const MACHINE: Machine = Machine {
+        cpus: 2,
+        memory: 24 << 30,
+        memory_available: 20 << 30,
+        disk: 100 << 30,
+        disk_available: 50 << 30,
+        pid_max: 4_194_304,
+        pids: 300,
+    };
+
+    fn cond<'a>(s: &'a NodeStatus, t: &str) -> &'a NodeCondition {
+        s.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == t)
+            .expect("condition")
+    }
+
+    #[test]
+    fn a_healthy_node_is_ready_without_pressure() {
+        let s = status(&input(Ok(())), &MACHINE, None);
+        assert_eq!(cond(&s, "Ready").status, "True");
+        assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("KubeletReady"));
+        for t in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+            assert_eq!(cond(&s, t).status, "False", "{t}");
+        }
+        let cap = s.capacity.expect("capacity");
+        assert_eq!(cap["cpu"].0, "2");
+        assert_eq!(cap["memory"].0, format!("{}Ki", 24 << 20));
+        assert_eq!(cap["pods"].0, "110");
+        let addresses = s.addresses.expect("addresses");
+        assert_eq!(addresses[0].type_, "InternalIP");
+        assert_eq!(addresses[0].address, "10.0.0.5");
+    }
+
+    #[test]
+    fn an_unhealthy_pleg_makes_the_node_not_ready_with_the_reason() {
+        let ok = status(&input(Ok(())), &MACHINE, None);
+        let bad = status(
+            &input(Err(
+                "PLEG is not healthy: pleg was last seen active 4m ago".into()
+            )),
+            &MACHINE,
+            Some(&ok),
+        );
+        let ready = cond(&bad, "Ready");
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason.as_deref(), Some("KubeletNotReady"));
+        assert!(ready.message.as_deref().is_some_and(|m| m.contains("PLEG")));
+        assert_ne!(comparable(&ok), comparable(&bad), "a change to patch");
+    }
+
+    #[test]
+    fn low_memory_and_disk_are_pressure_and_heartbeats_alone_are_no_change() {
+        let low = Machine {
+            memory_available: 50 << 20,
+            disk_available: 5 << 30,
+            ..MACHINE
+        };
+        let s = status(&input(Ok(())), &low, None);
+        assert_eq!(cond(&s, "MemoryPressure").status, "True");
+        assert_eq!(cond(&s, "DiskPressure").status, "True");
+        let again = status(&input(Ok(())), &low, Some(&s));
+        assert_eq!(comparable(&s), comparable(&again));
+        assert_eq!(
+            cond(&s, "MemoryPressure").last_transition_time,
+            cond(&again, "MemoryPressure").last_transition_time
+        );
+    }
+}
