@@ -1,0 +1,575 @@
+//! API-server mode against the mocked API server (no containerd needed):
+//! registration and adoption of the Node, the Lease cadence in paused time,
+//! node status patches, the pod watch (410 Gone, outage) and the status
+//! manager (retries, no regressions, final delete).
+
+#[path = "support/apiserver.rs"]
+mod apiserver;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use apiserver::MockApi;
+use axum::http::Method;
+use evlet::api::node::{self, NodeInput};
+use evlet::api::pods::{self, Mirrors};
+use evlet::api::status::StatusManager;
+use evlet::source::{Source, SourceMessage};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+fn input(ready: Arc<AtomicBool>) -> NodeInput {
+    NodeInput {
+        name: "n1".into(),
+        node_ip: Some("10.1.2.3".into()),
+        hostname: "host-1".into(),
+        max_pods: 110,
+        taints: vec![],
+        root_dir: std::env::temp_dir(),
+        runtime_version: "containerd://1.7.24".into(),
+        port: 10255,
+        ready: Arc::new(move || {
+            if ready.load(Ordering::Relaxed) {
+                Ok(())
+            } else {
+                Err("PLEG is not healthy: pleg was last seen active 3m0s ago".into())
+            }
+        }),
+    }
+}
+
+fn healthy() -> NodeInput {
+    input(Arc::new(AtomicBool::new(true)))
+}
+
+fn lines(api: &MockApi) -> Vec<String> {
+    api.requests().iter().map(|r| r.line()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_registration_creates_the_node_with_capacity_labels_and_conditions() {
+    let api = MockApi::new();
+    let token = CancellationToken::new();
+    let node = node::register(&api.client(), &healthy(), &token)
+        .await
+        .expect("registered");
+    assert!(
+        node.metadata.uid.is_some(),
+        "the server's object comes back"
+    );
+    assert_eq!(lines(&api), ["POST /api/v1/nodes"]);
+    let body = api.requests()[0].body.clone().expect("body");
+    assert_eq!(body["metadata"]["name"], "n1");
+    assert_eq!(body["metadata"]["labels"]["kubernetes.io/hostname"], "n1");
+    assert_eq!(body["metadata"]["labels"]["kubernetes.io/os"], "linux");
+    assert!(body["metadata"]["labels"]["kubernetes.io/arch"].is_string());
+    assert_eq!(body["status"]["capacity"]["pods"], "110");
+    assert!(
+        body["status"]["capacity"]["cpu"]
+            .as_str()
+            .is_some_and(|c| c.parse::<u32>().is_ok_and(|n| n >= 1))
+    );
+    assert_eq!(
+        body["status"]["nodeInfo"]["containerRuntimeVersion"],
+        "containerd://1.7.24"
+    );
+    assert_eq!(
+        body["status"]["addresses"],
+        json!([{"type": "InternalIP", "address": "10.1.2.3"}, {"type": "Hostname", "address": "host-1"}])
+    );
+    let ready = body["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .expect("Ready condition");
+    assert_eq!(ready["status"], "True");
+    assert_eq!(ready["reason"], "KubeletReady");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_existing_node_is_adopted_keeping_its_spec_and_labels() {
+    let api = MockApi::new();
+    api.create(
+        "nodes",
+        "",
+        json!({"metadata": {"name": "n1", "labels": {"team": "storage"}},
+               "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}),
+    );
+    let token = CancellationToken::new();
+    node::register(&api.client(), &healthy(), &token)
+        .await
+        .expect("adopted");
+    assert_eq!(
+        lines(&api),
+        [
+            "POST /api/v1/nodes",
+            "GET /api/v1/nodes/n1",
+            "PATCH /api/v1/nodes/n1/status"
+        ]
+    );
+    let patch = &api.requests()[2];
+    assert_eq!(
+        patch.content_type.as_deref(),
+        Some("application/strategic-merge-patch+json")
+    );
+    let stored = api.get("nodes", "", "n1").expect("node");
+    assert_eq!(stored["metadata"]["labels"]["team"], "storage");
+    assert_eq!(stored["metadata"]["labels"]["kubernetes.io/hostname"], "n1");
+    assert_eq!(stored["spec"]["taints"][0]["key"], "dedicated");
+    assert_eq!(stored["status"]["capacity"]["pods"], "110");
+}
+
+#[tokio::test(start_paused = true)]
+async fn registration_retries_through_server_errors() {
+    let api = MockApi::new();
+    api.fail(Method::POST, "/api/v1/nodes", 500, 2);
+    let token = CancellationToken::new();
+    let start = tokio::time::Instant::now();
+    node::register(&api.client(), &healthy(), &token)
+        .await
+        .expect("registered");
+    assert_eq!(api.requests_matching("POST", "/api/v1/nodes").len(), 3);
+    // Backoff 100 ms then 200 ms.
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(api.get("nodes", "", "n1").is_some());
+}
+
+fn secs(at: tokio::time::Instant, start: tokio::time::Instant) -> f64 {
+    (at - start).as_secs_f64()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lease_is_created_then_renewed_every_ten_seconds() {
+    let api = MockApi::new();
+    let token = CancellationToken::new();
+    let start = tokio::time::Instant::now();
+    tokio::spawn(node::run_lease(
+        api.client(),
+        "n1".into(),
+        Some("node-uid".into()),
+        token.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    token.cancel();
+    let reqs = api.requests();
+    let summary: Vec<(String, u64)> = reqs
+        .iter()
+        .map(|r| (r.line(), secs(r.at, start).round() as u64))
+        .collect();
+    let path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+    assert_eq!(
+        summary,
+        [
+            (format!("GET {path}/n1"), 0),
+            (format!("POST {path}"), 0),
+            (format!("PUT {path}/n1"), 10),
+            (format!("PUT {path}/n1"), 20),
+            (format!("PUT {path}/n1"), 30),
+        ]
+    );
+    let lease = api
+        .get("leases", "kube-node-lease", "n1")
+        .expect("lease exists");
+    assert_eq!(lease["spec"]["holderIdentity"], "n1");
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 40);
+    assert_eq!(lease["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(lease["metadata"]["ownerReferences"][0]["uid"], "node-uid");
+    let renew_times: Vec<String> = reqs[2..]
+        .iter()
+        .filter_map(|r| {
+            r.body.as_ref()?["spec"]["renewTime"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(renew_times.len(), 3, "each PUT carries a renewTime");
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_renewal_backs_off_in_an_outage_and_refetches_after_a_conflict() {
+    let api = MockApi::new();
+    let token = CancellationToken::new();
+    let start = tokio::time::Instant::now();
+    tokio::spawn(node::run_lease(
+        api.client(),
+        "n1".into(),
+        None,
+        token.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    api.set_outage(true);
+    tokio::time::sleep(Duration::from_secs(10)).await; // until t = 15 s
+    api.set_outage(false);
+    tokio::time::sleep(Duration::from_secs(3)).await; // t = 18 s
+    // Failed at 10, 10.2, 10.6, 11.4, 13.0; the retry at 16.2 s fetches and renews.
+    let after: Vec<(String, f64)> = api
+        .requests()
+        .iter()
+        .filter(|r| r.at > start + Duration::from_secs(5))
+        .map(|r| (r.method.clone(), secs(r.at, start)))
+        .collect();
+    assert_eq!(
+        after.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(),
+        ["GET", "PUT"],
+        "{after:?}"
+    );
+    assert!((after[0].1 - 16.2).abs() < 0.05, "{after:?}");
+    // Someone else writes the lease: the next PUT conflicts (409), and evlet
+    // fetches the new version before renewing again.
+    api.modify("leases", "kube-node-lease", "n1", |l| {
+        l["metadata"]["labels"] = json!({"touched": "yes"})
+    });
+    let mark = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    token.cancel();
+    let seq: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| r.at >= mark)
+        .map(|r| r.method.clone())
+        .collect();
+    assert_eq!(seq, ["PUT", "GET", "PUT"], "409, re-fetch, renew");
+    let lease = api.get("leases", "kube-node-lease", "n1").expect("lease");
+    assert_eq!(
+        lease["metadata"]["labels"]["touched"], "yes",
+        "the other write is kept"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn node_status_is_patched_on_change_and_otherwise_every_five_minutes() {
+    let api = MockApi::new();
+    let ready = Arc::new(AtomicBool::new(true));
+    let input = input(Arc::clone(&ready));
+    let token = CancellationToken::new();
+    let registered = node::register(&api.client(), &input, &token)
+        .await
+        .expect("registered");
+    let start = tokio::time::Instant::now();
+    tokio::spawn(node::run_status(
+        api.client(),
+        input,
+        registered,
+        token.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    assert!(
+        api.requests_matching("PATCH", "/status").is_empty(),
+        "nothing changed, nothing sent"
+    );
+    ready.store(false, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(10)).await; // t = 55 s
+    let patches = api.requests_matching("PATCH", "/api/v1/nodes/n1/status");
+    assert_eq!(patches.len(), 1);
+    assert!((secs(patches[0].at, start) - 50.0).abs() < 0.5);
+    let stored = api.get("nodes", "", "n1").expect("node");
+    let cond = stored["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .expect("Ready");
+    assert_eq!(cond["status"], "False");
+    assert_eq!(cond["reason"], "KubeletNotReady");
+    assert!(cond["message"].as_str().is_some_and(|m| m.contains("PLEG")));
+    tokio::time::sleep(Duration::from_secs(300)).await; // t = 355 s
+    token.cancel();
+    let patches = api.requests_matching("PATCH", "/api/v1/nodes/n1/status");
+    let at: Vec<u64> = patches
+        .iter()
+        .map(|p| secs(p.at, start).round() as u64)
+        .collect();
+    assert_eq!(at, [50, 350], "then only the 5-minute report");
+}
+
+fn pod(name: &str, node: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "evlet.local/test:v1"}]},
+        "status": {"phase": "Pending"}
+    })
+}
+
+async fn next_snapshot(rx: &mut mpsc::Receiver<SourceMessage>) -> Vec<Pod> {
+    let msg = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a snapshot in time")
+        .expect("source open");
+    match msg {
+        SourceMessage::Snapshot(Source::Api, pods) => pods,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn names(pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_pod_watch_sends_this_nodes_pods_and_relists_after_410_gone() {
+    let api = MockApi::new();
+    api.create("pods", "default", pod("a", "n1"));
+    api.create("pods", "default", pod("other", "n2"));
+    let (tx, mut rx) = mpsc::channel(16);
+    let (mirrors_tx, mut mirrors_rx) = watch::channel(Mirrors::new());
+    let token = CancellationToken::new();
+    tokio::spawn(pods::run(
+        api.client(),
+        "n1".into(),
+        tx,
+        mirrors_tx,
+        token.clone(),
+    ));
+    let first = next_snapshot(&mut rx).await;
+    assert_eq!(names(&first), ["a"]);
+    let annotations = first[0].metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("kubernetes.io/config.source")
+            .map(String::as_str),
+        Some("api")
+    );
+    let list = &api.requests_matching("GET", "/api/v1/pods")[0];
+    assert!(
+        list.query.contains("fieldSelector=spec.nodeName%3Dn1"),
+        "{}",
+        list.query
+    );
+
+    api.create("pods", "default", pod("b", "n1"));
+    assert_eq!(names(&next_snapshot(&mut rx).await), ["a", "b"]);
+
+    let mut mirror = pod("static-n1", "n1");
+    mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
+    api.create("pods", "default", mirror);
+    assert_eq!(
+        names(&next_snapshot(&mut rx).await),
+        ["a", "b"],
+        "mirror pods are not pods to run"
+    );
+    assert!(
+        mirrors_rx
+            .borrow_and_update()
+            .contains_key(&("default".to_owned(), "static-n1".to_owned()))
+    );
+
+    // The watch is cut and history compacted: resuming gets 410 Gone, so the
+    // watcher lists again, and a pod added meanwhile is not missed.
+    let lists_before = api
+        .requests_matching("GET", "/api/v1/pods")
+        .iter()
+        .filter(|r| !r.query.contains("watch=true"))
+        .count();
+    api.set_outage(true);
+    api.create("pods", "default", pod("c", "n1"));
+    api.compact();
+    api.set_outage(false);
+    let after = next_snapshot(&mut rx).await;
+    assert_eq!(names(&after), ["a", "b", "c"]);
+    let lists_after = api
+        .requests_matching("GET", "/api/v1/pods")
+        .iter()
+        .filter(|r| !r.query.contains("watch=true"))
+        .count();
+    assert!(lists_after > lists_before, "relisted after 410 Gone");
+
+    api.delete_pod("default", "a", Some(0));
+    assert_eq!(names(&next_snapshot(&mut rx).await), ["b", "c"]);
+    token.cancel();
+}
+
+fn status(phase: &str) -> PodStatus {
+    PodStatus {
+        phase: Some(phase.into()),
+        ..Default::default()
+    }
+}
+
+fn as_pod(v: &serde_json::Value) -> Pod {
+    let mut p: Pod = serde_json::from_value(v.clone()).expect("pod");
+    p.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("kubernetes.io/config.source".into(), "api".into());
+    p
+}
+
+#[tokio::test(start_paused = true)]
+async fn statuses_are_patched_retried_never_regress_and_the_pod_is_finally_deleted() {
+    let api = MockApi::new();
+    let stored = api.create("pods", "default", pod("p1", "n1"));
+    let p = as_pod(&stored);
+    let uid = p.metadata.uid.clone().expect("uid");
+    let manager = StatusManager::new();
+    let token = CancellationToken::new();
+    tokio::spawn(Arc::clone(&manager).run(api.client(), token.clone()));
+
+    manager.set(&p, &status("Pending"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let patches = api.requests_matching("PATCH", "/api/v1/namespaces/default/pods/p1/status");
+    assert_eq!(patches.len(), 1);
+    assert_eq!(
+        patches[0].content_type.as_deref(),
+        Some("application/strategic-merge-patch+json")
+    );
+    let body = patches[0].body.clone().expect("body");
+    assert_eq!(body["metadata"]["uid"], uid.as_str());
+    assert_eq!(body["status"]["phase"], "Pending");
+
+    // Throttled (429), then a server error: the newest status still arrives, after backoff.
+    api.fail(Method::PATCH, "/pods/p1/status", 429, 1);
+    api.fail(Method::PATCH, "/pods/p1/status", 503, 1);
+    manager.set(&p, &status("Running"));
+    manager.set(&p, &status("Running"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stored = api.get("pods", "default", "p1").expect("pod");
+    assert_eq!(stored["status"]["phase"], "Running");
+    assert_eq!(manager.pending(), 0);
+    assert_eq!(
+        api.requests_matching("PATCH", "/pods/p1/status").len(),
+        4,
+        "Pending, 429, 503, Running (two equal sets are one version)"
+    );
+
+    manager.set(&p, &status("Succeeded"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    manager.set(&p, &status("Running"));
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let stored = api.get("pods", "default", "p1").expect("pod");
+    assert_eq!(
+        stored["status"]["phase"], "Succeeded",
+        "a terminal phase is never overwritten"
+    );
+
+    manager.delete(&p);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let deletes = api.requests_matching("DELETE", "/api/v1/namespaces/default/pods/p1");
+    assert_eq!(deletes.len(), 1);
+    let options = deletes[0].body.clone().expect("DeleteOptions");
+    assert_eq!(options["gracePeriodSeconds"], 0);
+    assert_eq!(options["preconditions"]["uid"], uid.as_str());
+    assert!(api.get("pods", "default", "p1").is_none());
+    token.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_final_delete_never_removes_a_new_pod_of_the_same_name() {
+    let api = MockApi::new();
+    let old = as_pod(&api.create("pods", "default", pod("p2", "n1")));
+    api.delete_pod("default", "p2", Some(0));
+    api.create("pods", "default", pod("p2", "n1"));
+    let manager = StatusManager::new();
+    let token = CancellationToken::new();
+    tokio::spawn(Arc::clone(&manager).run(api.client(), token.clone()));
+    manager.delete(&old);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(api.requests_matching("DELETE", "/pods/p2").len(), 1);
+    assert!(
+        api.get("pods", "default", "p2").is_some(),
+        "the UID precondition protects the new pod"
+    );
+    assert!(manager.deletes_pending().is_empty(), "409 ends the attempt");
+    token.cancel();
+}
+
+fn event(reason: &str, message: &str) -> evlet::diagnostics::Event {
+    evlet::diagnostics::Event {
+        kind: "Warning".into(),
+        reason: reason.into(),
+        message: message.into(),
+        namespace: "default".into(),
+        pod: "crashy".into(),
+        pod_uid: "uid-crashy".into(),
+        container: Some("app".into()),
+        time: "2026-11-23T08:00:00Z".into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn repeated_events_are_aggregated_and_a_flood_is_rate_limited() {
+    let api = MockApi::new();
+    let (tx, rx) = mpsc::channel(1000);
+    let token = CancellationToken::new();
+    tokio::spawn(evlet::api::events::run(
+        api.client(),
+        "n1".into(),
+        rx,
+        token.clone(),
+    ));
+    let back_off = "Back-off restarting failed container app in pod crashy_default";
+    for _ in 0..3 {
+        tx.send(event("BackOff", back_off)).await.expect("send");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        api.requests_matching("POST", "/namespaces/default/events")
+            .len(),
+        1
+    );
+    assert_eq!(
+        api.requests_matching("PATCH", "/namespaces/default/events/")
+            .len(),
+        2
+    );
+    let stored = api.list("events");
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0]["count"], 3);
+    assert_eq!(stored[0]["reason"], "BackOff");
+    assert_eq!(stored[0]["involvedObject"]["uid"], "uid-crashy");
+    assert_eq!(
+        stored[0]["involvedObject"]["fieldPath"],
+        "spec.containers{app}"
+    );
+    assert_eq!(stored[0]["source"]["component"], "kubelet");
+
+    // 100 distinct events at once: the pod's bucket (25, 3 used) lets 22 through.
+    for i in 0..100 {
+        tx.send(event("Failed", &format!("attempt {i}")))
+            .await
+            .expect("send");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(api.list("events").len(), 1 + 22);
+    // Five minutes later one more token has come.
+    tokio::time::sleep(Duration::from_secs(301)).await;
+    tx.send(event("Failed", "later")).await.expect("send");
+    tx.send(event("Failed", "later still")).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(api.list("events").len(), 1 + 22 + 1);
+    token.cancel();
+}
+
+#[tokio::test]
+async fn a_kubeconfig_client_registers_over_http_with_its_token() {
+    let api = MockApi::new();
+    let addr = api.serve_http().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: mock\n  cluster: {{server: \"http://{addr}\"}}\nusers:\n- name: evlet\n  user: {{token: node-token}}\ncontexts:\n- name: mock\n  context: {{cluster: mock, user: evlet}}\ncurrent-context: mock\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    let client = evlet::api::ApiClient::from_kubeconfig(&path)
+        .await
+        .expect("client");
+    let token = CancellationToken::new();
+    node::register(&client.0, &healthy(), &token)
+        .await
+        .expect("registered");
+    let reqs = api.requests();
+    assert_eq!(reqs[0].line(), "POST /api/v1/nodes");
+    assert_eq!(reqs[0].authorization.as_deref(), Some("Bearer node-token"));
+
+    let missing = dir.path().join("nope");
+    let err = evlet::api::ApiClient::from_kubeconfig(&missing)
+        .await
+        .expect_err("no file");
+    assert!(err.to_string().contains("nope"), "{err}");
+}

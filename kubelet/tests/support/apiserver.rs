@@ -1,0 +1,672 @@
+//! A mocked Kubernetes API server, in process, speaking the real wire format:
+//! JSON objects with `resourceVersion`, `uid` and `creationTimestamp`, lists,
+//! newline-delimited watch event streams (with `ERROR` 410 Gone for compacted
+//! versions), `Status` bodies for 404 / 409 (AlreadyExists, Conflict, UID
+//! preconditions), graceful pod deletion (`deletionTimestamp` first, removal at
+//! grace 0), strategic-merge patches (lists merged by `type`/`name`/`key`),
+//! injected faults (429, 5xx) and outages (connection refused, watches cut).
+//!
+//! Every request is recorded (verb, path, query, content type, body, time) so
+//! tests assert on exactly what evlet sent. It runs as a tower service behind
+//! `kube::Client::new`, so paused tokio time works.
+#![allow(dead_code, reason = "each test binary uses a different part")]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, watch};
+use tower::ServiceExt as _;
+
+/// One request as the server saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub content_type: Option<String>,
+    pub authorization: Option<String>,
+    pub body: Option<Value>,
+    pub at: tokio::time::Instant,
+}
+
+impl Recorded {
+    /// `PATCH /api/v1/...` style summary.
+    pub fn line(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Change {
+    rv: u64,
+    coll: String,
+    kind: &'static str,
+    object: Value,
+}
+
+#[derive(Debug)]
+struct Fault {
+    method: Method,
+    path_contains: String,
+    code: u16,
+    times: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rv: u64,
+    uids: u64,
+    /// collection → (namespace, name) → object.
+    objects: BTreeMap<String, BTreeMap<(String, String), Value>>,
+    history: Vec<Change>,
+    /// Watches from a version older than this get 410 Gone.
+    compacted: u64,
+    requests: Vec<Recorded>,
+    faults: VecDeque<Fault>,
+}
+
+/// The mock API server.
+#[derive(Debug, Clone)]
+pub struct MockApi {
+    state: Arc<Mutex<State>>,
+    changes: broadcast::Sender<Change>,
+    /// True while the server is "down"; a change cuts open watches.
+    outage: watch::Sender<bool>,
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code,
+    });
+    let mut r = (
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        axum::Json(body),
+    )
+        .into_response();
+    if code == 429 {
+        r.headers_mut()
+            .insert("Retry-After", axum::http::HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn kind_of(coll: &str) -> (&'static str, &'static str) {
+    match coll {
+        "nodes" => ("Node", "v1"),
+        "pods" => ("Pod", "v1"),
+        "leases" => ("Lease", "coordination.k8s.io/v1"),
+        "events" => ("Event", "v1"),
+        "secrets" => ("Secret", "v1"),
+        "configmaps" => ("ConfigMap", "v1"),
+        _ => ("Unknown", "v1"),
+    }
+}
+
+/// The merge key of a strategic-merge list.
+fn merge_key(items: &[Value]) -> Option<&'static str> {
+    ["type", "name", "key"]
+        .into_iter()
+        .find(|k| items.iter().all(|i| i.get(k).is_some()) && !items.is_empty())
+}
+
+/// Strategic merge (the subset Kubernetes objects need here).
+pub fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let Some(t) = target.as_object_mut() else {
+                return;
+            };
+            for (k, v) in p {
+                if k.starts_with('$') {
+                    continue;
+                }
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        Value::Array(p) => match (target.as_array_mut(), merge_key(p)) {
+            (Some(t), Some(key)) if merge_key(t).is_some_and(|k| k == key) || t.is_empty() => {
+                for item in p {
+                    match t.iter_mut().find(|x| x.get(key) == item.get(key)) {
+                        Some(existing) => merge(existing, item),
+                        None => t.push(item.clone()),
+                    }
+                }
+            }
+            _ => *target = patch.clone(),
+        },
+        _ => *target = patch.clone(),
+    }
+}
+
+fn field_matches(obj: &Value, selector: &str) -> bool {
+    selector.split(',').filter(|s| !s.is_empty()).all(|term| {
+        let Some((path, want)) = term.split_once('=') else {
+            return true;
+        };
+        let got = path
+            .split('.')
+            .try_fold(obj, |v, seg| v.get(seg))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        got == want
+    })
+}
+
+fn query_map(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `(collection, namespace, name, subresource)` of a path.
+fn parse_path(path: &str) -> Option<(String, String, String, String)> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest: &[&str] = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => return None,
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (ns.to_string(), rest),
+        _ => (String::new(), rest),
+    };
+    let get = |i: usize| rest.get(i).map(|s| s.to_string()).unwrap_or_default();
+    Some((get(0), ns, get(1), get(2)))
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+impl MockApi {
+    pub fn new() -> Self {
+        let (changes, _) = broadcast::channel(4096);
+        let (outage, _) = watch::channel(false);
+        Self {
+            state: Arc::new(Mutex::new(State::default())),
+            changes,
+            outage,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn router(&self) -> axum::Router {
+        let api = self.clone();
+        axum::Router::new().fallback(
+            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+                let api = api.clone();
+                async move { api.handle(method, uri, headers, body).await }
+            },
+        )
+    }
+
+    /// Serves the API over HTTP on a loopback port (for kubeconfig clients).
+    pub async fn serve_http(&self) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let router = self.router();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        addr
+    }
+
+    /// A kube client talking to this server in process.
+    pub fn client(&self) -> kube::Client {
+        let router = self.router();
+        let outage = self.outage.subscribe();
+        let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let router = router.clone();
+            let down = *outage.borrow();
+            async move {
+                if down {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        "mock API server is down",
+                    ));
+                }
+                Ok(router
+                    .oneshot(req)
+                    .await
+                    .unwrap_or_else(|e: Infallible| match e {}))
+            }
+        });
+        kube::Client::new(svc, "default")
+    }
+
+    /// Takes the server down (connections refused, watches cut) or up.
+    pub fn set_outage(&self, down: bool) {
+        self.outage.send_replace(down);
+    }
+
+    /// The next `times` requests with `method` whose path contains `path` fail with `code`.
+    pub fn fail(&self, method: Method, path: &str, code: u16, times: u32) {
+        self.lock().faults.push_back(Fault {
+            method,
+            path_contains: path.to_owned(),
+            code,
+            times,
+        });
+    }
+
+    /// Forgets history: watches from any version before now get 410 Gone.
+    pub fn compact(&self) {
+        let mut st = self.lock();
+        st.compacted = st.rv + 1;
+        st.history.clear();
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    /// Requests whose `METHOD path` contains `needle`.
+    pub fn requests_matching(&self, method: &str, needle: &str) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == method && r.path.contains(needle))
+            .collect()
+    }
+
+    pub fn get(&self, coll: &str, ns: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(coll)
+            .and_then(|m| m.get(&(ns.to_owned(), name.to_owned())))
+            .cloned()
+    }
+
+    pub fn list(&self, coll: &str) -> Vec<Value> {
+        self.lock()
+            .objects
+            .get(coll)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Stores `obj` as a client would create it (uid, resourceVersion set here).
+    pub fn create(&self, coll: &str, ns: &str, obj: Value) -> Value {
+        let mut st = self.lock();
+        self.insert(&mut st, coll, ns, obj)
+    }
+
+    /// Changes an object as another client would (a new resourceVersion).
+    pub fn modify(&self, coll: &str, ns: &str, name: &str, f: impl FnOnce(&mut Value)) {
+        let mut st = self.lock();
+        let key = (ns.to_owned(), name.to_owned());
+        let Some(mut obj) = st.objects.get(coll).and_then(|m| m.get(&key)).cloned() else {
+            return;
+        };
+        f(&mut obj);
+        self.store(&mut st, coll, key, obj, "MODIFIED");
+    }
+
+    /// Deletes a pod as `kubectl delete` does (graceful if bound and grace > 0).
+    pub fn delete_pod(&self, ns: &str, name: &str, grace: Option<i64>) {
+        let mut st = self.lock();
+        let _ = self.delete(
+            &mut st,
+            "pods",
+            ns,
+            name,
+            &json!({"gracePeriodSeconds": grace}),
+        );
+    }
+
+    fn insert(&self, st: &mut State, coll: &str, ns: &str, mut obj: Value) -> Value {
+        st.uids += 1;
+        let (kind, api_version) = kind_of(coll);
+        obj["kind"] = json!(kind);
+        obj["apiVersion"] = json!(api_version);
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if !ns.is_empty() {
+            obj["metadata"]["namespace"] = json!(ns);
+        }
+        obj["metadata"]["uid"] = json!(format!("{:08x}-mock-{}", st.uids, coll));
+        obj["metadata"]["creationTimestamp"] = json!(now_rfc3339());
+        self.store(st, coll, (ns.to_owned(), name), obj, "ADDED")
+    }
+
+    fn store(
+        &self,
+        st: &mut State,
+        coll: &str,
+        key: (String, String),
+        mut obj: Value,
+        kind: &'static str,
+    ) -> Value {
+        st.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        st.objects
+            .entry(coll.to_owned())
+            .or_default()
+            .insert(key, obj.clone());
+        self.emit(st, coll, kind, obj.clone());
+        obj
+    }
+
+    fn emit(&self, st: &mut State, coll: &str, kind: &'static str, object: Value) {
+        let change = Change {
+            rv: st.rv,
+            coll: coll.to_owned(),
+            kind,
+            object,
+        };
+        st.history.push(change.clone());
+        let _ = self.changes.send(change);
+    }
+
+    fn delete(
+        &self,
+        st: &mut State,
+        coll: &str,
+        ns: &str,
+        name: &str,
+        options: &Value,
+    ) -> Response {
+        let key = (ns.to_owned(), name.to_owned());
+        let Some(obj) = st.objects.get(coll).and_then(|m| m.get(&key)).cloned() else {
+            return status(404, "NotFound", &format!("{coll} \"{name}\" not found"));
+        };
+        if let Some(uid) = options["preconditions"]["uid"].as_str()
+            && obj["metadata"]["uid"].as_str() != Some(uid)
+        {
+            return status(
+                409,
+                "Conflict",
+                &format!(
+                    "Operation cannot be fulfilled on {coll} \"{name}\": Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    obj["metadata"]["uid"].as_str().unwrap_or("")
+                ),
+            );
+        }
+        let bound = obj["spec"]["nodeName"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty());
+        let grace = options["gracePeriodSeconds"]
+            .as_i64()
+            .or_else(|| obj["spec"]["terminationGracePeriodSeconds"].as_i64())
+            .unwrap_or(30);
+        if coll == "pods" && bound && grace > 0 {
+            if obj["metadata"]["deletionTimestamp"].is_null() {
+                let mut obj = obj;
+                let at = k8s_openapi::jiff::Timestamp::now()
+                    .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(grace))
+                    .unwrap_or(k8s_openapi::jiff::Timestamp::now());
+                obj["metadata"]["deletionTimestamp"] = json!(at.to_string());
+                obj["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                let stored = self.store(st, coll, key, obj, "MODIFIED");
+                return (StatusCode::OK, axum::Json(stored)).into_response();
+            }
+            return (StatusCode::OK, axum::Json(obj)).into_response();
+        }
+        if let Some(m) = st.objects.get_mut(coll) {
+            m.remove(&key);
+        }
+        st.rv += 1;
+        let mut gone = obj;
+        gone["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        self.emit(st, coll, "DELETED", gone.clone());
+        (StatusCode::OK, axum::Json(gone)).into_response()
+    }
+
+    async fn handle(&self, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+        let path = uri.path().to_owned();
+        let query = uri.query().unwrap_or("").to_owned();
+        let body_json: Option<Value> = serde_json::from_slice(&body).ok();
+        let mut st = self.lock();
+        st.requests.push(Recorded {
+            method: method.to_string(),
+            path: path.clone(),
+            query: query.clone(),
+            content_type: headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            authorization: headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            body: body_json.clone(),
+            at: tokio::time::Instant::now(),
+        });
+        if let Some(i) = st
+            .faults
+            .iter()
+            .position(|f| f.method == method && path.contains(&f.path_contains))
+        {
+            let code = st.faults[i].code;
+            st.faults[i].times -= 1;
+            if st.faults[i].times == 0 {
+                st.faults.remove(i);
+            }
+            let reason = match code {
+                429 => "TooManyRequests",
+                503 => "ServiceUnavailable",
+                409 => "Conflict",
+                _ => "InternalError",
+            };
+            return status(code, reason, "injected fault");
+        }
+        let Some((coll, ns, name, sub)) = parse_path(&path) else {
+            return status(404, "NotFound", &format!("no route {path}"));
+        };
+        let q = query_map(&query);
+        let key = (ns.clone(), name.clone());
+        let existing = st.objects.get(&coll).and_then(|m| m.get(&key)).cloned();
+        match (method.clone(), name.is_empty()) {
+            (Method::GET, true) => {
+                let selector = q.get("fieldSelector").cloned().unwrap_or_default();
+                if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+                    let from: u64 = q
+                        .get("resourceVersion")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    return self.watch(&mut st, coll, ns, selector, from);
+                }
+                let items: Vec<Value> = st
+                    .objects
+                    .get(&coll)
+                    .map(|m| {
+                        m.iter()
+                            .filter(|((ons, _), _)| ns.is_empty() || *ons == ns)
+                            .map(|(_, o)| o.clone())
+                            .filter(|o| field_matches(o, &selector))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let (kind, api_version) = kind_of(&coll);
+                axum::Json(json!({
+                    "kind": format!("{kind}List"), "apiVersion": api_version,
+                    "metadata": {"resourceVersion": st.rv.to_string()},
+                    "items": items,
+                }))
+                .into_response()
+            }
+            (Method::GET, false) => match existing {
+                Some(o) => axum::Json(o).into_response(),
+                None => status(404, "NotFound", &format!("{coll} \"{name}\" not found")),
+            },
+            (Method::POST, true) => {
+                let Some(obj) = body_json else {
+                    return status(400, "BadRequest", "body is not JSON");
+                };
+                let name = obj["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if st
+                    .objects
+                    .get(&coll)
+                    .is_some_and(|m| m.contains_key(&(ns.clone(), name.clone())))
+                {
+                    return status(
+                        409,
+                        "AlreadyExists",
+                        &format!("{coll} \"{name}\" already exists"),
+                    );
+                }
+                let created = self.insert(&mut st, &coll, &ns, obj);
+                (StatusCode::CREATED, axum::Json(created)).into_response()
+            }
+            (Method::PUT, false) => {
+                let (Some(old), Some(mut obj)) = (existing, body_json) else {
+                    return status(404, "NotFound", &format!("{coll} \"{name}\" not found"));
+                };
+                if obj["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+                    return status(
+                        409,
+                        "Conflict",
+                        &format!(
+                            "Operation cannot be fulfilled on {coll} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+                        ),
+                    );
+                }
+                obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
+                obj["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
+                obj["kind"] = old["kind"].clone();
+                obj["apiVersion"] = old["apiVersion"].clone();
+                let stored = self.store(&mut st, &coll, key, obj, "MODIFIED");
+                axum::Json(stored).into_response()
+            }
+            (Method::PATCH, false) => {
+                let (Some(mut obj), Some(patch)) = (existing, body_json) else {
+                    return status(404, "NotFound", &format!("{coll} \"{name}\" not found"));
+                };
+                if let Some(uid) = patch["metadata"]["uid"].as_str()
+                    && obj["metadata"]["uid"].as_str() != Some(uid)
+                {
+                    return status(
+                        409,
+                        "Conflict",
+                        &format!("Precondition failed: UID in precondition: {uid}"),
+                    );
+                }
+                if sub == "status" {
+                    if !patch["status"].is_null() {
+                        merge(&mut obj["status"], &patch["status"]);
+                    }
+                    if coll == "nodes" && !patch["metadata"].is_null() {
+                        let mut meta = patch["metadata"].clone();
+                        if let Some(m) = meta.as_object_mut() {
+                            m.remove("uid");
+                        }
+                        merge(&mut obj["metadata"], &meta);
+                    }
+                } else {
+                    merge(&mut obj, &patch);
+                }
+                let stored = self.store(&mut st, &coll, key, obj, "MODIFIED");
+                axum::Json(stored).into_response()
+            }
+            (Method::DELETE, false) => {
+                let options = body_json.unwrap_or(Value::Null);
+                self.delete(&mut st, &coll, &ns, &name, &options)
+            }
+            _ => status(405, "MethodNotAllowed", "method not allowed"),
+        }
+    }
+
+    fn watch(
+        &self,
+        st: &mut State,
+        coll: String,
+        ns: String,
+        selector: String,
+        from: u64,
+    ) -> Response {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(1024);
+        let line = |kind: &str, object: &Value| {
+            let mut s =
+                serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+            s.push(b'\n');
+            Ok(Bytes::from(s))
+        };
+        if from != 0 && from < st.compacted {
+            let gone = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("too old resource version: {from} ({})", st.compacted), "reason": "Expired", "code": 410});
+            let _ = tx.try_send(line("ERROR", &gone));
+            return Response::new(Body::from_stream(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            ));
+        }
+        let matches = move |c: &Change| {
+            c.coll == coll
+                && (ns.is_empty()
+                    || c.object["metadata"]["namespace"].as_str() == Some(ns.as_str()))
+                && field_matches(&c.object, &selector)
+        };
+        let mut sent = from;
+        for c in st.history.iter().filter(|c| c.rv > from && matches(c)) {
+            let _ = tx.try_send(line(c.kind, &c.object));
+            sent = c.rv;
+        }
+        sent = sent.max(st.rv);
+        let mut live = self.changes.subscribe();
+        let mut outage = self.outage.subscribe();
+        tokio::spawn(async move {
+            loop {
+                // An outage cuts the stream before any later change goes out:
+                // a change made after `set_outage(true)` is never streamed.
+                tokio::select! {
+                    biased;
+                    _ = outage.changed() => return,
+                    c = live.recv() => match c {
+                        Ok(c) if c.rv > sent && matches(&c) => {
+                            sent = c.rv;
+                            if tx.send(line(c.kind, &c.object)).await.is_err() { return; }
+                        }
+                        Ok(_) => {}
+                        Err(_) => return,
+                    },
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Response::new(Body::from_stream(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ))
+    }
+}
