@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::admission::Allocatable;
+use crate::api::admission::{Allocatable, Usage};
 use crate::api::pods::Mirrors;
 use crate::api::status::StatusManager;
 use crate::api::{self};
@@ -533,11 +533,12 @@ impl SyncLoop {
                 }
                 msg = sources.recv(), if sources_open => match msg {
                     Some(SourceMessage::Snapshot(source, pods)) => {
-                        for update in self.config.merge(source, pods) {
-                            self.handle_update(update);
-                        }
-                        self.publish_statics();
-                        self.served.sources_ready.store(self.config.sources_ready(), Ordering::Relaxed);
+                        let updates = self.config.merge(source, pods);
+                        self.handle_updates(source, updates);
+                    }
+                    Some(SourceMessage::Changes { source, upserts, removed }) => {
+                        let updates = self.config.apply(source, upserts, removed);
+                        self.handle_updates(source, updates);
                     }
                     Some(SourceMessage::Error(_, _)) => {
                         self.metrics.manifest_errors.inc();
@@ -568,10 +569,25 @@ impl SyncLoop {
         }
     }
 
+    fn handle_updates(&mut self, source: Source, updates: Vec<PodUpdate>) {
+        for update in updates {
+            self.handle_update(update);
+        }
+        if source != Source::Api {
+            // Static pods come from the file and HTTP sources only.
+            self.publish_statics();
+        }
+        self.served
+            .sources_ready
+            .store(self.config.sources_ready(), Ordering::Relaxed);
+    }
+
     fn handle_update(&mut self, update: PodUpdate) {
+        // What admitted pods use, summed once per update, not once per pod.
+        let mut usage = None;
         for pod in update.pods {
             let uid = pod::uid(&pod);
-            if update.source == Source::Api && self.api_handled(update.op, &pod) {
+            if update.source == Source::Api && self.api_handled(update.op, &pod, &mut usage) {
                 continue;
             }
             match update.op {
@@ -605,7 +621,7 @@ impl SyncLoop {
 
     /// API pods the sync loop settles itself: rejected or already terminal pods
     /// are not started. True if `pod` needs nothing more.
-    fn api_handled(&mut self, op: Op, pod: &Pod) -> bool {
+    fn api_handled(&mut self, op: Op, pod: &Pod, usage: &mut Option<Usage>) -> bool {
         let Some(api) = &mut self.api else {
             return false;
         };
@@ -634,12 +650,15 @@ impl SyncLoop {
             api.rejected.insert(uid);
             return true;
         }
-        let active = self
-            .pods
-            .iter()
-            .filter(|(u, _)| !api.rejected.contains(*u))
-            .map(|(_, p)| p);
-        match api::admission::admit(pod, active, &api.allocatable) {
+        let used = usage.get_or_insert_with(|| {
+            Usage::of(
+                self.pods
+                    .iter()
+                    .filter(|(u, _)| !api.rejected.contains(*u))
+                    .map(|(_, p)| p),
+            )
+        });
+        match api::admission::admit(pod, used, &api.allocatable) {
             Ok(()) => false,
             Err(rejection) => {
                 tracing::warn!(pod = %pod::key(pod), reason = %rejection.reason, message = %rejection.message, "pod rejected at admission");

@@ -292,15 +292,37 @@ fn pod(name: &str, node: &str) -> serde_json::Value {
     })
 }
 
-async fn next_snapshot(rx: &mut mpsc::Receiver<SourceMessage>) -> Vec<Pod> {
-    let msg = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+async fn next_message(rx: &mut mpsc::Receiver<SourceMessage>) -> SourceMessage {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
-        .expect("a snapshot in time")
-        .expect("source open");
-    match msg {
+        .expect("a message in time")
+        .expect("source open")
+}
+
+async fn next_snapshot(rx: &mut mpsc::Receiver<SourceMessage>) -> Vec<Pod> {
+    match next_message(rx).await {
         SourceMessage::Snapshot(Source::Api, pods) => pods,
-        other => panic!("unexpected {other:?}"),
+        other => panic!("expected a snapshot, got {other:?}"),
     }
+}
+
+/// The next changes message, as (names of upserted pods, uids removed).
+async fn next_changes(rx: &mut mpsc::Receiver<SourceMessage>) -> (Vec<String>, Vec<String>) {
+    match next_message(rx).await {
+        SourceMessage::Changes {
+            source: Source::Api,
+            upserts,
+            removed,
+        } => (names(&upserts), removed.into_iter().map(|u| u.0).collect()),
+        other => panic!("expected changes, got {other:?}"),
+    }
+}
+
+fn pods_uid(pods: &[Pod], name: &str) -> String {
+    pods.iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name))
+        .and_then(|p| p.metadata.uid.clone())
+        .expect("the pod and its uid")
 }
 
 fn names(pods: &[Pod]) -> Vec<String> {
@@ -326,6 +348,10 @@ async fn the_pod_watch_sends_this_nodes_pods_and_relists_after_410_gone() {
     ));
     let first = next_snapshot(&mut rx).await;
     assert_eq!(names(&first), ["a"]);
+    assert!(
+        mirrors_rx.borrow_and_update().is_empty(),
+        "no mirror pods yet"
+    );
     let annotations = first[0].metadata.annotations.clone().unwrap_or_default();
     assert_eq!(
         annotations
@@ -340,22 +366,23 @@ async fn the_pod_watch_sends_this_nodes_pods_and_relists_after_410_gone() {
         list.query
     );
 
+    // After the first list only what changed is sent.
     api.create("pods", "default", pod("b", "n1"));
-    assert_eq!(names(&next_snapshot(&mut rx).await), ["a", "b"]);
+    assert_eq!(next_changes(&mut rx).await, (vec!["b".to_owned()], vec![]));
 
     let mut mirror = pod("static-n1", "n1");
     mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
     api.create("pods", "default", mirror);
-    assert_eq!(
-        names(&next_snapshot(&mut rx).await),
-        ["a", "b"],
-        "mirror pods are not pods to run"
-    );
+    tokio::time::timeout(Duration::from_secs(10), mirrors_rx.changed())
+        .await
+        .expect("mirrors in time")
+        .expect("mirror channel open");
     assert!(
         mirrors_rx
             .borrow_and_update()
             .contains_key(&("default".to_owned(), "static-n1".to_owned()))
     );
+    assert!(rx.try_recv().is_err(), "mirror pods are not pods to run");
 
     // The watch is cut and history compacted: resuming gets 410 Gone, so the
     // watcher lists again, and a pod added meanwhile is not missed.
@@ -377,8 +404,9 @@ async fn the_pod_watch_sends_this_nodes_pods_and_relists_after_410_gone() {
         .count();
     assert!(lists_after > lists_before, "relisted after 410 Gone");
 
+    let a_uid = pods_uid(&after, "a");
     api.delete_pod("default", "a", Some(0));
-    assert_eq!(names(&next_snapshot(&mut rx).await), ["b", "c"]);
+    assert_eq!(next_changes(&mut rx).await, (vec![], vec![a_uid]));
     token.cancel();
 }
 

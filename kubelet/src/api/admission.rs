@@ -76,22 +76,41 @@ pub fn requests(pod: &Pod) -> (i64, i64) {
     )
 }
 
-/// Does `pod` fit next to `active` (the pods admitted and not terminated)?
+/// What the admitted, not terminated pods request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU in millicores.
+    pub cpu_milli: i64,
+    /// Memory in bytes.
+    pub memory: i64,
+    /// Number of pods.
+    pub pods: i64,
+}
+
+impl Usage {
+    /// The sum over `pods`.
+    pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
+        let mut usage = Self::default();
+        for p in pods {
+            usage.add(requests(p));
+        }
+        usage
+    }
+
+    fn add(&mut self, (cpu, mem): (i64, i64)) {
+        self.cpu_milli = self.cpu_milli.saturating_add(cpu);
+        self.memory = self.memory.saturating_add(mem);
+        self.pods += 1;
+    }
+}
+
+/// Does `pod` fit next to the pods that use `used`? If it does, its requests
+/// are added to `used`.
 ///
 /// # Errors
 /// The first resource that does not fit, in upstream's order: pods, cpu, memory.
-pub fn admit<'a>(
-    pod: &Pod,
-    active: impl IntoIterator<Item = &'a Pod>,
-    node: &Allocatable,
-) -> Result<(), Rejection> {
-    let (mut used_cpu, mut used_mem, mut used_pods) = (0i64, 0i64, 0i64);
-    for p in active {
-        let (c, m) = requests(p);
-        used_cpu = used_cpu.saturating_add(c);
-        used_mem = used_mem.saturating_add(m);
-        used_pods += 1;
-    }
+pub fn admit(pod: &Pod, used: &mut Usage, node: &Allocatable) -> Result<(), Rejection> {
+    let (used_cpu, used_mem, used_pods) = (used.cpu_milli, used.memory, used.pods);
     let (cpu, mem) = requests(pod);
     let reject = |resource: &str, reason: &str, requested: i64, used: i64, capacity: i64| {
         Err(Rejection {
@@ -110,6 +129,7 @@ pub fn admit<'a>(
     if mem > 0 && used_mem.saturating_add(mem) > node.memory {
         return reject("memory", "OutOfmemory", mem, used_mem, node.memory);
     }
+    used.add((cpu, mem));
     Ok(())
 }
 
@@ -135,13 +155,16 @@ mod tests {
     #[test]
     fn pods_that_fit_are_admitted() {
         let running = [pod("500m", "256Mi"), pod("1", "256Mi")];
-        assert_eq!(admit(&pod("500m", "512Mi"), &running, &NODE), Ok(()));
+        assert_eq!(
+            admit(&pod("500m", "512Mi"), &mut Usage::of(&running), &NODE),
+            Ok(())
+        );
     }
 
     #[test]
     fn too_much_cpu_is_out_of_cpu_with_upstreams_message() {
         let running = [pod("1500m", "1Mi")];
-        let err = admit(&pod("1", "1Mi"), &running, &NODE).expect_err("rejected");
+        let err = admit(&pod("1", "1Mi"), &mut Usage::of(&running), &NODE).expect_err("rejected");
         assert_eq!(err.reason, "OutOfcpu");
         assert_eq!(
             err.message,
@@ -151,10 +174,10 @@ mod tests {
 
     #[test]
     fn too_much_memory_and_too_many_pods_are_rejected() {
-        let err = admit(&pod("1m", "2Gi"), [], &NODE).expect_err("rejected");
+        let err = admit(&pod("1m", "2Gi"), &mut Usage::default(), &NODE).expect_err("rejected");
         assert_eq!(err.reason, "OutOfmemory");
         let three = [pod("1m", "1Mi"), pod("1m", "1Mi"), pod("1m", "1Mi")];
-        let err = admit(&pod("1m", "1Mi"), &three, &NODE).expect_err("rejected");
+        let err = admit(&pod("1m", "1Mi"), &mut Usage::of(&three), &NODE).expect_err("rejected");
         assert_eq!(err.reason, "OutOfpods");
     }
 

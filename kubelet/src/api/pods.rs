@@ -41,7 +41,57 @@ fn prepare(mut pod: Pod) -> Pod {
     pod
 }
 
+/// What the watch knows: this node's pods, prepared, and its mirror pods.
+#[derive(Default)]
+struct Store {
+    pods: BTreeMap<PodUid, Pod>,
+    mirrors: Mirrors,
+}
+
+impl Store {
+    fn from_list(list: BTreeMap<PodUid, Pod>) -> Self {
+        let mut store = Self::default();
+        for p in list.into_values() {
+            store.apply(p);
+        }
+        store
+    }
+
+    /// Adds or replaces `p`. Returns the prepared pod if it is one to run.
+    fn apply(&mut self, p: Pod) -> Option<&Pod> {
+        if is_mirror(&p) {
+            self.mirrors
+                .insert((pod::namespace(&p).to_owned(), pod::name(&p).to_owned()), p);
+            return None;
+        }
+        let uid = pod::uid(&p);
+        let slot = self.pods.entry(uid).insert_entry(prepare(p));
+        Some(slot.into_mut())
+    }
+
+    /// Removes `p`. Returns true if it was a pod to run.
+    fn delete(&mut self, p: &Pod) -> bool {
+        if is_mirror(p) {
+            let key = (pod::namespace(p).to_owned(), pod::name(p).to_owned());
+            // A mirror recreated under the same name is another pod: keep it.
+            if self.mirrors.get(&key).map(pod::uid) == Some(pod::uid(p)) {
+                self.mirrors.remove(&key);
+            }
+            return false;
+        }
+        self.pods.remove(&pod::uid(p)).is_some()
+    }
+}
+
+/// Changes to send since the last message: the latest version of each changed
+/// pod, `None` if it is gone.
+type Pending = BTreeMap<PodUid, Option<Pod>>;
+
 /// Watches this node's pods until `shutdown`.
+///
+/// The first complete list (and every relist) goes to the merger as a
+/// snapshot; after that only the pods that changed are sent, so one watch
+/// event costs the same at 10 pods and at 500.
 pub async fn run(
     client: kube::Client,
     node: String,
@@ -52,7 +102,7 @@ pub async fn run(
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut store: BTreeMap<PodUid, Pod> = BTreeMap::new();
+    let mut store = Store::default();
     let mut initial: Option<BTreeMap<PodUid, Pod>> = None;
     let mut synced = false;
     loop {
@@ -61,9 +111,12 @@ pub async fn run(
             ev = stream.next() => ev,
         };
         let Some(first) = first else { return };
-        let mut dirty = false;
+        let mut listed = false;
+        let mut pending = Pending::new();
+        let mirrors_before = store.mirrors.len();
+        let mut mirrors_changed = false;
         let mut next = Some(first);
-        // Apply every event that is ready now, then send one snapshot.
+        // Apply every event that is ready now, then send one message.
         while let Some(ev) = next {
             match ev {
                 Ok(Event::Init) => initial = Some(BTreeMap::new()),
@@ -73,20 +126,30 @@ pub async fn run(
                     }
                 }
                 Ok(Event::InitDone) => {
-                    store = initial.take().unwrap_or_default();
+                    store = Store::from_list(initial.take().unwrap_or_default());
                     if !synced {
-                        tracing::info!(node = %node, pods = store.len(), "API pod source synced");
+                        tracing::info!(node = %node, pods = store.pods.len(), "API pod source synced");
                     }
                     synced = true;
-                    dirty = true;
+                    listed = true;
+                    mirrors_changed = true;
+                    pending.clear();
                 }
                 Ok(Event::Apply(p)) => {
-                    store.insert(pod::uid(&p), p);
-                    dirty = true;
+                    let uid = pod::uid(&p);
+                    match store.apply(p) {
+                        Some(prepared) => {
+                            pending.insert(uid, Some(prepared.clone()));
+                        }
+                        None => mirrors_changed = true,
+                    }
                 }
                 Ok(Event::Delete(p)) => {
-                    store.remove(&pod::uid(&p));
-                    dirty = true;
+                    if store.delete(&p) {
+                        pending.insert(pod::uid(&p), None);
+                    } else {
+                        mirrors_changed = true;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(node = %node, error = %e, "watching this node's pods failed; retrying (pods keep running)");
@@ -94,29 +157,33 @@ pub async fn run(
             }
             next = stream.next().now_or_never().flatten();
         }
-        if dirty && synced {
-            let (pods, found) = split(&store);
-            mirrors.send_replace(found);
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                r = tx.send(SourceMessage::Snapshot(Source::Api, pods)) => if r.is_err() { return },
-            }
+        if !synced {
+            continue;
         }
-    }
-}
-
-fn split(store: &BTreeMap<PodUid, Pod>) -> (Vec<Pod>, Mirrors) {
-    let mut pods = Vec::new();
-    let mut mirrors = Mirrors::new();
-    for p in store.values() {
-        if is_mirror(p) {
-            mirrors.insert(
-                (pod::namespace(p).to_owned(), pod::name(p).to_owned()),
-                p.clone(),
-            );
+        if mirrors_changed || store.mirrors.len() != mirrors_before {
+            mirrors.send_replace(store.mirrors.clone());
+        }
+        let message = if listed {
+            SourceMessage::Snapshot(Source::Api, store.pods.values().cloned().collect())
+        } else if pending.is_empty() {
+            continue;
         } else {
-            pods.push(prepare(p.clone()));
+            let (mut upserts, mut removed) = (Vec::new(), Vec::new());
+            for (uid, p) in pending {
+                match p {
+                    Some(p) => upserts.push(p),
+                    None => removed.push(uid),
+                }
+            }
+            SourceMessage::Changes {
+                source: Source::Api,
+                upserts,
+                removed,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = tx.send(message) => if r.is_err() { return },
         }
     }
-    (pods, mirrors)
 }

@@ -82,6 +82,40 @@ fn semantic_change(a: &Pod, b: &Pod) -> bool {
         || annotations(a) != annotations(b)
 }
 
+/// The updates one merge implies, by operation.
+#[derive(Default)]
+struct Changes {
+    adds: Vec<Pod>,
+    updates: Vec<Pod>,
+    removes: Vec<Pod>,
+    reconciles: Vec<Pod>,
+}
+
+impl Changes {
+    /// Files `new` by how it differs from `old` (its previous version, if any).
+    fn classify(&mut self, old: Option<&Pod>, new: &Pod) {
+        match old {
+            None => self.adds.push(new.clone()),
+            Some(prev) if semantic_change(prev, new) => self.updates.push(new.clone()),
+            Some(prev) if prev.status != new.status => self.reconciles.push(new.clone()),
+            Some(_) => {}
+        }
+    }
+
+    fn into_updates(self, source: Source) -> Vec<PodUpdate> {
+        [
+            (Op::Add, self.adds),
+            (Op::Update, self.updates),
+            (Op::Remove, self.removes),
+            (Op::Reconcile, self.reconciles),
+        ]
+        .into_iter()
+        .filter(|(_, pods)| !pods.is_empty())
+        .map(|(op, pods)| PodUpdate { op, pods, source })
+        .collect()
+    }
+}
+
 impl PodConfig {
     /// A merger that is ready once every source in `expected` has reported.
     pub fn new(expected: impl IntoIterator<Item = Source>) -> Self {
@@ -101,35 +135,41 @@ impl PodConfig {
     pub fn merge(&mut self, source: Source, snapshot: Vec<Pod>) -> Vec<PodUpdate> {
         self.seen.insert(source);
         let old = self.pods.remove(&source).unwrap_or_default();
-        let mut new = BTreeMap::new();
-        for p in snapshot {
-            new.insert(pod::uid(&p), p);
-        }
-        let (mut adds, mut updates, mut removes, mut reconciles) = (vec![], vec![], vec![], vec![]);
+        let new: BTreeMap<PodUid, Pod> = snapshot.into_iter().map(|p| (pod::uid(&p), p)).collect();
+        let mut changes = Changes::default();
         for (uid, p) in &new {
-            match old.get(uid) {
-                None => adds.push(p.clone()),
-                Some(prev) if semantic_change(prev, p) => updates.push(p.clone()),
-                Some(prev) if prev.status != p.status => reconciles.push(p.clone()),
-                Some(_) => {}
-            }
+            changes.classify(old.get(uid), p);
         }
-        for (uid, p) in &old {
-            if !new.contains_key(uid) {
-                removes.push(p.clone());
+        for (uid, p) in old {
+            if !new.contains_key(&uid) {
+                changes.removes.push(p);
             }
         }
         self.pods.insert(source, new);
-        [
-            (Op::Add, adds),
-            (Op::Update, updates),
-            (Op::Remove, removes),
-            (Op::Reconcile, reconciles),
-        ]
-        .into_iter()
-        .filter(|(_, pods)| !pods.is_empty())
-        .map(|(op, pods)| PodUpdate { op, pods, source })
-        .collect()
+        changes.into_updates(source)
+    }
+
+    /// Applies changes to `source`'s set: `upserts` are new or changed pods,
+    /// `removed` are gone. Costs what changed, not the size of the set.
+    pub fn apply(
+        &mut self,
+        source: Source,
+        upserts: Vec<Pod>,
+        removed: Vec<PodUid>,
+    ) -> Vec<PodUpdate> {
+        let pods = self.pods.entry(source).or_default();
+        let mut changes = Changes::default();
+        for p in upserts {
+            let uid = pod::uid(&p);
+            changes.classify(pods.get(&uid), &p);
+            pods.insert(uid, p);
+        }
+        for uid in removed {
+            if let Some(p) = pods.remove(&uid) {
+                changes.removes.push(p);
+            }
+        }
+        changes.into_updates(source)
     }
 
     /// Every pod of every source.
@@ -208,6 +248,40 @@ mod tests {
         assert_eq!(
             ops(&c.merge(Source::Api, vec![changed])),
             [(Op::Reconcile, vec!["a".into()])]
+        );
+    }
+
+    #[test]
+    fn changes_touch_only_the_pods_they_name() {
+        let mut c = PodConfig::new([Source::Api]);
+        c.merge(Source::Api, vec![p("a", "i:1"), p("b", "i:1")]);
+        assert!(c.apply(Source::Api, vec![], vec![]).is_empty());
+        let mut a_status = p("a", "i:1");
+        a_status.status = Some(Default::default());
+        let updates = c.apply(
+            Source::Api,
+            vec![a_status, p("b", "i:2"), p("c", "i:1")],
+            vec!["gone".into()],
+        );
+        assert_eq!(
+            ops(&updates),
+            [
+                (Op::Add, vec!["c".into()]),
+                (Op::Update, vec!["b".into()]),
+                (Op::Reconcile, vec!["a".into()]),
+            ],
+            "an unknown removal is ignored"
+        );
+        assert_eq!(
+            ops(&c.apply(Source::Api, vec![], vec!["a".into()])),
+            [(Op::Remove, vec!["a".into()])]
+        );
+        let mut left: Vec<String> = c.all().iter().map(|p| crate::pod::uid(p).0).collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["b", "c"],
+            "the set after changes is what a snapshot would hold"
         );
     }
 }

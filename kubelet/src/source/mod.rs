@@ -12,6 +12,8 @@ pub mod manifest;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::pod::PodUid;
+
 pub use config::{Op, PodConfig, PodUpdate, Source};
 pub use manifest::ManifestError;
 
@@ -20,6 +22,15 @@ pub use manifest::ManifestError;
 pub enum SourceMessage {
     /// The source's complete current set of pods.
     Snapshot(Source, Vec<Pod>),
+    /// Pods added or changed (`upserts`) and removed since the last message.
+    Changes {
+        /// The source.
+        source: Source,
+        /// New or changed pods.
+        upserts: Vec<Pod>,
+        /// Pods that are gone.
+        removed: Vec<PodUid>,
+    },
     /// A manifest the source rejected (already logged).
     Error(Source, ManifestError),
 }

@@ -288,10 +288,11 @@ impl MockApi {
         });
     }
 
-    /// Forgets history: watches from any version before now get 410 Gone.
+    /// Forgets history: watches from any version before the current one get
+    /// 410 Gone (a watch from the current version, as after a relist, is fine).
     pub fn compact(&self) {
         let mut st = self.lock();
-        st.compacted = st.rv + 1;
+        st.compacted = st.rv;
         st.history.clear();
     }
 
