@@ -251,6 +251,7 @@ pub async fn start(
             tokio::spawn(hinted::run(
                 relister,
                 Arc::clone(hints),
+                pleg.ebpf.as_ref().map(|source| source.quiet()),
                 period,
                 Arc::clone(&metrics),
                 shutdown.child_token(),
@@ -280,6 +281,7 @@ pub async fn start(
         Arc::clone(&metrics),
         done_tx,
         pleg.hints.clone(),
+        config.sync_frequency,
         shutdown.child_token(),
     );
 

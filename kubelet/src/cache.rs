@@ -93,6 +93,21 @@ impl CacheWriter {
         self.shared.changed.send_modify(|n| *n += 1);
     }
 
+    /// Declares `uid`'s entry unchanged up to `time` (the kernel proved the pod
+    /// quiet; see `pleg::hinted`). Only an entry that holds a status can be
+    /// vouched for: returns false for a missing or failed one.
+    pub fn touch(&self, uid: &PodUid, time: Instant) -> bool {
+        {
+            let mut inner = lock(&self.shared.inner);
+            match inner.pods.get_mut(uid) {
+                Some(e) if e.status.is_ok() => e.modified = e.modified.max(time),
+                _ => return false,
+            }
+        }
+        self.shared.changed.send_modify(|n| *n += 1);
+        true
+    }
+
     /// Drops a pod that no longer exists anywhere.
     pub fn delete(&self, uid: &PodUid) {
         lock(&self.shared.inner).pods.remove(uid);

@@ -61,6 +61,9 @@ pub struct Config {
     pub file_check_frequency: Duration,
     /// Manifest URL poll period (upstream `httpCheckFrequency`, 20 s).
     pub http_check_frequency: Duration,
+    /// Mean period of a pod's periodic sync (upstream `syncFrequency`, 1 min;
+    /// each sync is due after 0.5–1.5 times this).
+    pub sync_frequency: Duration,
     /// The node's IP (`status.hostIP`).
     pub node_ip: Option<String>,
     /// PLEG mode.
@@ -124,6 +127,8 @@ pub struct KubeletConfiguration {
     pub file_check_frequency: Option<String>,
     /// Go duration.
     pub http_check_frequency: Option<String>,
+    /// Go duration of the periodic pod sync.
+    pub sync_frequency: Option<String>,
     /// `--container-runtime-endpoint`.
     pub container_runtime_endpoint: Option<String>,
     /// `--cgroup-root`.
@@ -272,6 +277,7 @@ impl KubeletConfiguration {
         for (field, value) in [
             ("fileCheckFrequency", &cfg.file_check_frequency),
             ("httpCheckFrequency", &cfg.http_check_frequency),
+            ("syncFrequency", &cfg.sync_frequency),
             ("plegSafetyRelistPeriod", &cfg.pleg_safety_relist_period),
         ] {
             if let Some(v) = value {

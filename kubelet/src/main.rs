@@ -111,6 +111,7 @@ fn effective(flags: Flags) -> Result<Config> {
             file.http_check_frequency.as_ref(),
             Duration::from_secs(20),
         )?,
+        sync_frequency: duration(file.sync_frequency.as_ref(), evlet::workers::RESYNC)?,
         node_ip: flags.node_ip,
         pleg_mode: flags.pleg_mode.or(file.pleg_mode).unwrap_or(PlegMode::Ebpf),
         relist_period: evlet::pleg::generic::RELIST_PERIOD,

@@ -59,6 +59,9 @@ pub struct Metrics {
     pub pleg_hint_latency: Histogram,
     /// State changes a full relist found that no hint announced.
     pub pleg_missed_events: Counter,
+    /// Worker waits for a fresh status answered by a kernel quiet proof
+    /// instead of a CRI re-read.
+    pub pleg_quiet_proofs: Counter,
     /// eBPF ring-buffer records lost in the kernel.
     pub ebpf_ringbuf_lost: Counter,
     /// OOM kills seen by the kernel probes.
@@ -106,6 +109,7 @@ impl Metrics {
             running_containers: Family::default(),
             pleg_hint_latency: Histogram::new(buckets_latency()),
             pleg_missed_events: Counter::default(),
+            pleg_quiet_proofs: Counter::default(),
             ebpf_ringbuf_lost: Counter::default(),
             oom_kills: Family::default(),
             pleg_mode: Family::default(),
@@ -157,6 +161,11 @@ impl Metrics {
             "evlet_pleg_missed_events",
             "State changes found by a global relist with no preceding hint",
             m.pleg_missed_events.clone(),
+        );
+        registry.register(
+            "evlet_pleg_quiet_proofs",
+            "Pod status freshness proven by a drained eBPF ring buffer instead of a CRI re-read",
+            m.pleg_quiet_proofs.clone(),
         );
         registry.register(
             "evlet_ebpf_ringbuf_lost",

@@ -27,7 +27,8 @@ use crate::runtime::PodStatus;
 use crate::status;
 use crate::sync::{SyncOutcome, Syncer, Waiting};
 
-/// Upstream's `syncFrequency`: a pod with nothing to do is synced this often (±50 %).
+/// Upstream's default `syncFrequency`: a pod with nothing to do is synced this
+/// often (±50 %). `Config::sync_frequency` sets it.
 pub const RESYNC: Duration = Duration::from_secs(60);
 /// Upstream's `backOffPeriod` for sync errors.
 pub const ERROR_BACKOFF: Duration = Duration::from_secs(10);
@@ -91,6 +92,8 @@ struct Shared {
     /// The hinted PLEG's hint set: a pod's relists wait while it syncs, and one
     /// relist follows a sync that made runtime calls (invariant 4).
     hints: Option<Arc<Hints>>,
+    /// Mean period of a pod's periodic sync.
+    resync: Duration,
     /// Where computed statuses also go (API-server mode).
     status_sink: std::sync::OnceLock<Arc<StatusManager>>,
     shutdown: CancellationToken,
@@ -119,6 +122,7 @@ impl PodWorkers {
         metrics: Arc<Metrics>,
         done: mpsc::UnboundedSender<PodUid>,
         hints: Option<Arc<Hints>>,
+        resync: Duration,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
@@ -130,6 +134,7 @@ impl PodWorkers {
                 views: Mutex::new(BTreeMap::new()),
                 done,
                 hints,
+                resync,
                 status_sink: std::sync::OnceLock::new(),
                 shutdown,
             }),
@@ -261,12 +266,13 @@ impl Worker {
     }
 
     /// Waits for a cache entry newer than `since`, unless shutting down. In the
-    /// hinted PLEG modes nothing relists a quiet pod by itself, so the worker asks.
+    /// hinted PLEG modes nothing relists a quiet pod by itself, so the worker asks
+    /// (the dispatcher relists it or proves it quiet).
     async fn fresh(&self, since: Instant) -> Option<PodStatus> {
         if let Some(h) = &self.shared.hints
             && self.shared.cache.fresh(&self.uid, since).is_none()
         {
-            h.pod(self.uid.clone(), None);
+            h.fresh(self.uid.clone(), since);
         }
         tokio::select! {
             () = self.shared.shutdown.cancelled() => None,
@@ -362,7 +368,7 @@ impl Worker {
                         }) => {
                             waiting = w;
                             failed |= f;
-                            let jitter = RESYNC.mul_f64(0.5 + fastrand::f64());
+                            let jitter = self.shared.resync.mul_f64(0.5 + fastrand::f64());
                             (retry_after.map_or(jitter, |r| r.min(jitter)), changed)
                         }
                         Err(e) => {

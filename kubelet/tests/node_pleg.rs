@@ -1,7 +1,8 @@
 //! The eBPF PLEG against the real runtime and kernel: latency with a slow
 //! safety relist, recovery from ring-buffer overflow, a dead reader and a
 //! runtime restart, no duplicates under a 100-pod stress, and the upstream
-//! KEP's recovery test (the agent down while a container exits).
+//! KEP's recovery test (the agent down while a container exits), and periodic
+//! syncs of quiet pods answered without runtime reads.
 
 mod support;
 
@@ -317,6 +318,58 @@ async fn a_hundred_pods_created_killed_and_deleted_leave_no_duplicates() {
                 (ours == 0).then_some(())
             })
             .await;
+            assert_eq!(metric(&agent, "evlet_pleg_missed_events_total"), 0.0);
+            agent.stop().await;
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quiet_pods_resync_without_runtime_reads_and_a_kill_still_shows() {
+    e2e(
+        "quiet_pods_resync_without_runtime_reads_and_a_kill_still_shows",
+        |w| async move {
+            w.write("calm.yaml", &sleeper("calm", 2, "Always"));
+            // Periodic syncs every 0.5–1.5 s instead of 30–90 s.
+            let agent = w
+                .start_with(Config {
+                    sync_frequency: Duration::from_secs(1),
+                    ..ebpf(&w)
+                })
+                .await;
+            let pod = w.pod_name("calm");
+            let c0 = agent.running_id(&pod, "c0").await;
+            let c1 = agent.running_id(&pod, "c1").await;
+            // Start-up relists (after the syncs that created things) settle first.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let relists = metric(&agent, "kubelet_pleg_pod_relist_duration_seconds_count");
+            let proofs = metric(&agent, "evlet_pleg_quiet_proofs_total");
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            let relists =
+                metric(&agent, "kubelet_pleg_pod_relist_duration_seconds_count") - relists;
+            let proofs = metric(&agent, "evlet_pleg_quiet_proofs_total") - proofs;
+            eprintln!("in 6 s of periodic syncs: {proofs} quiet proofs, {relists} pod relists");
+            assert!(
+                proofs >= 3.0,
+                "the periodic syncs were proven quiet ({proofs})"
+            );
+            assert_eq!(relists, 0.0, "no CRI re-read of a pod nothing happened to");
+            assert_eq!(agent.running_id(&pod, "c0").await, c0);
+            assert_eq!(agent.running_id(&pod, "c1").await, c1);
+            let (_, containers) = w.runtime_objects("calm").await;
+            assert_eq!(containers.len(), 2, "no container created twice");
+
+            // A proof never hides a change: a kill is seen and the container restarts.
+            sigkill(init_pid(&w, &agent, &pod, "c0").await);
+            agent
+                .wait_status(&pod, "c0 restarted", Duration::from_secs(30), |s| {
+                    (running(s, "c0") && container(s, "c0").is_some_and(|c| c.restart_count == 1))
+                        .then_some(())
+                })
+                .await;
+            let (_, containers) = w.runtime_objects("calm").await;
+            assert_eq!(containers.len(), 3, "the killed c0, its replacement and c1");
             assert_eq!(metric(&agent, "evlet_pleg_missed_events_total"), 0.0);
             agent.stop().await;
         },

@@ -73,6 +73,7 @@ async fn rig() -> Rig {
         metrics,
         done_tx,
         None,
+        evlet::workers::RESYNC,
         shutdown.clone(),
     );
     // A minimal sync loop: every PLEG event wakes the pod's worker.

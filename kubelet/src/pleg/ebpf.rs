@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use evlet_ebpf::{Config as ProbeConfig, Event, EventReader, Probes, cgroup};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::hints::Hints;
@@ -132,6 +134,48 @@ pub struct Setup {
     pub ring_bytes: u32,
 }
 
+/// How long a BPF program may hold a reserved, not yet submitted record. The
+/// programs run for microseconds with preemption off; this is a wide margin.
+const IN_FLIGHT: Duration = Duration::from_millis(2);
+
+/// Proofs that every kernel event up to a moment has become a hint.
+///
+/// On request the reader drains the ring buffer and answers with the instant it
+/// started. A pod that has no hint after that, no SyncPod running and no loss
+/// pending has not changed in any way the kernel sees, so its cache entry can be
+/// vouched for without a CRI call (design invariant 2's stamp, per pod).
+#[derive(Debug)]
+pub struct Quiet {
+    wanted: Notify,
+    proven: watch::Sender<Option<Instant>>,
+}
+
+impl Default for Quiet {
+    fn default() -> Self {
+        Self {
+            wanted: Notify::new(),
+            proven: watch::channel(None).0,
+        }
+    }
+}
+
+impl Quiet {
+    /// An instant before which every kernel event is in the hints, or `None`
+    /// if the reader did not answer within `timeout` (it is down or busy).
+    pub async fn prove(&self, timeout: Duration) -> Option<Instant> {
+        let asked = Instant::now();
+        let mut proven = self.proven.subscribe();
+        self.wanted.notify_one();
+        let answer =
+            tokio::time::timeout(timeout, proven.wait_for(|t| t.is_some_and(|t| t >= asked)))
+                .await
+                .ok()?
+                .ok()
+                .and_then(|t| *t)?;
+        answer.checked_sub(IN_FLIGHT)
+    }
+}
+
 /// The running eBPF source: the probes, the map, and the reader task.
 #[derive(Debug)]
 pub struct EbpfSource {
@@ -140,6 +184,7 @@ pub struct EbpfSource {
     setup: Setup,
     reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
     stall: Arc<Mutex<Option<Duration>>>,
+    quiet: Arc<Quiet>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -157,6 +202,7 @@ struct Ctx {
     diagnostics: Arc<Diagnostics>,
     setup: Setup,
     stall: Arc<Mutex<Option<Duration>>>,
+    quiet: Arc<Quiet>,
 }
 
 impl EbpfSource {
@@ -187,6 +233,7 @@ impl EbpfSource {
             setup,
             reader: Mutex::new(None),
             stall: Arc::default(),
+            quiet: Arc::default(),
         })
     }
 
@@ -241,9 +288,15 @@ impl EbpfSource {
             diagnostics,
             setup: self.setup.clone(),
             stall: Arc::clone(&self.stall),
+            quiet: Arc::clone(&self.quiet),
         };
         let this = Arc::clone(self);
         tokio::spawn(async move { this.supervise(ctx, cancel).await });
+    }
+
+    /// The reader's quiet proofs, for the dispatcher.
+    pub fn quiet(&self) -> Arc<Quiet> {
+        Arc::clone(&self.quiet)
     }
 
     /// Aborts the reader task (tests: the supervisor must recover without losing a change).
@@ -319,6 +372,7 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(LOSS_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let mut proof = None;
         tokio::select! {
             () = cancel.cancelled() => return,
             e = reader.next() => {
@@ -329,19 +383,36 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
                     handle(&ctx, event);
                 }
             }
+            () = ctx.quiet.wanted.notified() => {
+                // Taken before the drain: every record submitted by now is read below.
+                proof = Some(Instant::now());
+                reader.drain_ready(&mut batch);
+                for event in batch.drain(..) {
+                    handle(&ctx, event);
+                }
+            }
             _ = tick.tick() => {}
         }
-        if let Ok(lost) = reader.lost()
-            && lost > lost_seen
+        let loss_known = match reader.lost() {
+            Ok(lost) => {
+                if lost > lost_seen {
+                    ctx.metrics.ebpf_ringbuf_lost.inc_by(lost - lost_seen);
+                    tracing::warn!(
+                        lost = lost - lost_seen,
+                        "eBPF ring buffer lost events; relisting everything"
+                    );
+                    ctx.hints
+                        .full(format!("{} kernel events lost", lost - lost_seen));
+                    lost_seen = lost;
+                }
+                true
+            }
+            Err(_) => false,
+        };
+        if let Some(at) = proof
+            && loss_known
         {
-            ctx.metrics.ebpf_ringbuf_lost.inc_by(lost - lost_seen);
-            tracing::warn!(
-                lost = lost - lost_seen,
-                "eBPF ring buffer lost events; relisting everything"
-            );
-            ctx.hints
-                .full(format!("{} kernel events lost", lost - lost_seen));
-            lost_seen = lost;
+            ctx.quiet.proven.send_replace(Some(at));
         }
         let stall = lock(&ctx.stall).take();
         if let Some(pause) = stall {

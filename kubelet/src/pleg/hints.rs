@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::pod::PodUid;
 
@@ -20,6 +21,8 @@ struct Inner {
     full: Option<String>,
     /// Pods hinted since the last full relist (for missed-event counting).
     hinted: BTreeSet<PodUid>,
+    /// Pods whose workers wait for an entry newer than this (their last sync).
+    wanted: BTreeMap<PodUid, Instant>,
 }
 
 /// The shared hint set.
@@ -36,6 +39,9 @@ pub enum Next {
     Full(String),
     /// Relist this pod; the hint's monotonic origin if any.
     Pod(PodUid, Option<u64>),
+    /// These pods' workers want an entry newer than the instant given: prove
+    /// them quiet (or relist them).
+    Fresh(Vec<(PodUid, Instant)>),
     /// Nothing to do now.
     Idle,
 }
@@ -57,6 +63,24 @@ impl Hints {
             };
         }
         self.notify.notify_one();
+    }
+
+    /// A worker of `uid` waits for a cache entry newer than `since`. No hint
+    /// says the pod changed, so the dispatcher may vouch for the entry it has
+    /// instead of reading the runtime again.
+    pub fn fresh(&self, uid: PodUid, since: Instant) {
+        {
+            let mut inner = self.lock();
+            let slot = inner.wanted.entry(uid).or_insert(since);
+            *slot = (*slot).max(since);
+        }
+        self.notify.notify_one();
+    }
+
+    /// Is `uid` free of pending work (no hint, no SyncPod, no full relist due)?
+    pub fn settled(&self, uid: &PodUid) -> bool {
+        let inner = self.lock();
+        inner.full.is_none() && !inner.dirty.contains_key(uid) && !inner.suspended.contains(uid)
     }
 
     /// Everything must be relisted (events were lost, a reader restarted, ...).
@@ -84,7 +108,8 @@ impl Hints {
         self.notify.notify_one();
     }
 
-    /// Takes the next unit of work: a full relist first, then a pod that is not suspended.
+    /// Takes the next unit of work: a full relist first, then a pod that is not
+    /// suspended, then the pods whose workers want freshness.
     pub fn next(&self) -> Next {
         let mut inner = self.lock();
         if let Some(reason) = inner.full.take() {
@@ -99,6 +124,9 @@ impl Hints {
             Some(uid) => {
                 let origin = inner.dirty.remove(&uid).flatten();
                 Next::Pod(uid, origin)
+            }
+            None if !inner.wanted.is_empty() => {
+                Next::Fresh(std::mem::take(&mut inner.wanted).into_iter().collect())
             }
             None => Next::Idle,
         }
@@ -164,5 +192,25 @@ mod tests {
             h.take_hinted().contains(&PodUid::from("a")),
             "still dirty, so still counted"
         );
+    }
+
+    #[test]
+    fn freshness_wanted_comes_after_hinted_pods_with_the_latest_instant() {
+        let h = Hints::default();
+        let t0 = Instant::now();
+        let t1 = t0 + std::time::Duration::from_millis(1);
+        h.fresh(PodUid::from("a"), t1);
+        h.fresh(PodUid::from("a"), t0);
+        h.pod(PodUid::from("b"), None);
+        assert!(h.settled(&PodUid::from("a")));
+        assert!(!h.settled(&PodUid::from("b")), "b has a hint");
+        assert_eq!(h.next(), Next::Pod(PodUid::from("b"), None));
+        assert_eq!(h.next(), Next::Fresh(vec![(PodUid::from("a"), t1)]));
+        assert_eq!(h.next(), Next::Idle);
+        h.suspend(PodUid::from("a"));
+        assert!(!h.settled(&PodUid::from("a")), "a is in a SyncPod");
+        h.resume(PodUid::from("a"), false);
+        h.full("test");
+        assert!(!h.settled(&PodUid::from("a")), "a full relist is due");
     }
 }

@@ -65,6 +65,7 @@ impl World {
             api: None,
             max_pods: evlet::config::MAX_PODS,
             register_with_taints: Vec::new(),
+            sync_frequency: evlet::workers::RESYNC,
         }
     }
 
