@@ -161,7 +161,9 @@ impl PodWorkers {
                 cancel_sync: Arc::clone(&handle.cancel_sync),
                 phase: Arc::clone(&handle.phase),
             };
-            tokio::spawn(worker.run());
+            let fut = worker.run();
+            eprintln!("WORKER FUTURE SIZE {}", std::mem::size_of_val(&fut));
+            tokio::spawn(fut);
             handle
         });
         {
@@ -347,11 +349,10 @@ impl Worker {
                     };
                     let started = Instant::now();
                     self.sync_started();
-                    let result = self
-                        .shared
-                        .syncer
-                        .sync_pod(&current, &runtime, &token)
-                        .await;
+                    // Boxed, like the two below: a sync's future is tens of KiB,
+                    // and inline it would make every idle worker that large.
+                    let result =
+                        Box::pin(self.shared.syncer.sync_pod(&current, &runtime, &token)).await;
                     // Upstream stamps the end: a relist made while the sync ran may show
                     // its half-done work (a container created, not yet started).
                     last_sync = Some(Instant::now());
@@ -390,7 +391,8 @@ impl Worker {
                         return;
                     };
                     self.sync_started();
-                    let result = self.shared.syncer.kill_pod(&current, &runtime, grace).await;
+                    let result =
+                        Box::pin(self.shared.syncer.kill_pod(&current, &runtime, grace)).await;
                     self.sync_finished(true);
                     last_sync = Some(Instant::now());
                     match result {
@@ -420,7 +422,7 @@ impl Worker {
                         return;
                     };
                     self.sync_started();
-                    let result = self.shared.syncer.remove_pod(&current, &runtime).await;
+                    let result = Box::pin(self.shared.syncer.remove_pod(&current, &runtime)).await;
                     self.sync_finished(true);
                     last_sync = Some(Instant::now());
                     match result {
