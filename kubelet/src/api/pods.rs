@@ -113,7 +113,6 @@ pub async fn run(
         let Some(first) = first else { return };
         let mut listed = false;
         let mut pending = Pending::new();
-        let mirrors_before = store.mirrors.len();
         let mut mirrors_changed = false;
         let mut next = Some(first);
         // Apply every event that is ready now, then send one message.
@@ -145,10 +144,9 @@ pub async fn run(
                     }
                 }
                 Ok(Event::Delete(p)) => {
+                    mirrors_changed |= is_mirror(&p);
                     if store.delete(&p) {
                         pending.insert(pod::uid(&p), None);
-                    } else {
-                        mirrors_changed = true;
                     }
                 }
                 Err(e) => {
@@ -160,7 +158,7 @@ pub async fn run(
         if !synced {
             continue;
         }
-        if mirrors_changed || store.mirrors.len() != mirrors_before {
+        if mirrors_changed {
             mirrors.send_replace(store.mirrors.clone());
         }
         let message = if listed {

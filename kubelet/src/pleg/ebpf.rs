@@ -378,20 +378,14 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
             e = reader.next() => {
                 let Some(first) = e else { return };
                 batch.push(first);
-                reader.drain_ready(&mut batch);
-                for event in batch.drain(..) {
-                    handle(&ctx, event);
-                }
             }
-            () = ctx.quiet.wanted.notified() => {
-                // Taken before the drain: every record submitted by now is read below.
-                proof = Some(Instant::now());
-                reader.drain_ready(&mut batch);
-                for event in batch.drain(..) {
-                    handle(&ctx, event);
-                }
-            }
+            // Taken before the drain: every record submitted by now is read below.
+            () = ctx.quiet.wanted.notified() => proof = Some(Instant::now()),
             _ = tick.tick() => {}
+        }
+        reader.drain_ready(&mut batch);
+        for event in batch.drain(..) {
+            handle(&ctx, event);
         }
         let loss_known = match reader.lost() {
             Ok(lost) => {

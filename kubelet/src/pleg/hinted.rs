@@ -140,14 +140,19 @@ pub async fn run(
                     true
                 }
             },
-            Next::Fresh(wanted) => {
+            Next::Fresh(mut wanted) => {
+                // A pod with a relist coming (hint, expectation, SyncPod end or
+                // full relist) needs nothing here; checked again after the proof,
+                // which may bring new hints.
+                let pending =
+                    |uid: &crate::pod::PodUid| expecting.contains_key(uid) || !hints.settled(uid);
+                wanted.retain(|(uid, _)| !pending(uid));
                 let proven = match &quiet {
-                    Some(q) => q.prove(PROVE_FOR).await,
-                    None => None,
+                    Some(q) if !wanted.is_empty() => q.prove(PROVE_FOR).await,
+                    _ => None,
                 };
                 for (uid, since) in wanted {
-                    if expecting.contains_key(&uid) || !hints.settled(&uid) {
-                        // A relist is coming (hint, expectation, SyncPod end or full).
+                    if pending(&uid) {
                         continue;
                     }
                     if proven.is_some_and(|at| at > since && relister.touch(&uid, at)) {
