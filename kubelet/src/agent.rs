@@ -82,6 +82,8 @@ pub struct Handles {
     pub diagnostics: Arc<Diagnostics>,
     /// The eBPF source, in `ebpf` mode.
     pub ebpf: Option<Arc<EbpfSource>>,
+    /// The hint set, in the hinted modes (tests ask it for counting relists).
+    pub hints: Option<Arc<Hints>>,
 }
 
 /// The PLEG that got started.
@@ -252,7 +254,7 @@ pub async fn start(
                 relister,
                 Arc::clone(hints),
                 pleg.ebpf.as_ref().map(|source| source.quiet()),
-                period,
+                hinted::Timing::new(period),
                 Arc::clone(&metrics),
                 shutdown.child_token(),
             ));
@@ -404,6 +406,7 @@ pub async fn start(
         served,
         diagnostics,
         ebpf: pleg.ebpf.clone(),
+        hints: pleg.hints.clone(),
     };
     let task = tokio::spawn(sync_loop.run(src_rx, pleg_rx, done_rx, shutdown));
     Ok((handles, task))

@@ -59,6 +59,14 @@ pub struct Metrics {
     pub pleg_hint_latency: Histogram,
     /// State changes a full relist found that no hint announced.
     pub pleg_missed_events: Counter,
+    /// Full relists that counted missed events (periodic safety relists and
+    /// verifications).
+    pub pleg_counted_relists: Counter,
+    /// How long a kernel-reported exit waited for the runtime to show it, from
+    /// the first read that did not, seconds.
+    pub pleg_expectation_wait: Histogram,
+    /// Pods with a kernel-reported exit the runtime has not shown yet.
+    pub pleg_expectations: Gauge,
     /// Worker waits for a fresh status answered by a kernel quiet proof
     /// instead of a CRI re-read.
     pub pleg_quiet_proofs: Counter,
@@ -78,6 +86,13 @@ fn buckets_seconds() -> impl Iterator<Item = f64> {
     // Prometheus' DefBuckets, as upstream's relist histograms use.
     [
         0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ]
+    .into_iter()
+}
+
+fn buckets_wait() -> impl Iterator<Item = f64> {
+    [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     ]
     .into_iter()
 }
@@ -109,6 +124,9 @@ impl Metrics {
             running_containers: Family::default(),
             pleg_hint_latency: Histogram::new(buckets_latency()),
             pleg_missed_events: Counter::default(),
+            pleg_counted_relists: Counter::default(),
+            pleg_expectation_wait: Histogram::new(buckets_wait()),
+            pleg_expectations: Gauge::default(),
             pleg_quiet_proofs: Counter::default(),
             ebpf_ringbuf_lost: Counter::default(),
             oom_kills: Family::default(),
@@ -161,6 +179,21 @@ impl Metrics {
             "evlet_pleg_missed_events",
             "State changes found by a global relist with no preceding hint",
             m.pleg_missed_events.clone(),
+        );
+        registry.register(
+            "evlet_pleg_counted_relists",
+            "Full relists that counted missed events",
+            m.pleg_counted_relists.clone(),
+        );
+        registry.register(
+            "evlet_pleg_expectation_wait_seconds",
+            "How long a kernel-reported exit waited for the runtime to show it",
+            m.pleg_expectation_wait.clone(),
+        );
+        registry.register(
+            "evlet_pleg_expectations",
+            "Pods with a kernel-reported exit the runtime has not shown yet",
+            m.pleg_expectations.clone(),
         );
         registry.register(
             "evlet_pleg_quiet_proofs",

@@ -22,7 +22,8 @@ pub enum State {
 }
 
 impl State {
-    fn from_cri(state: i32) -> Self {
+    /// The state a CRI `ContainerState` value stands for.
+    pub fn from_cri(state: i32) -> Self {
         match api::ContainerState::try_from(state) {
             Ok(api::ContainerState::ContainerCreated) => State::Created,
             Ok(api::ContainerState::ContainerRunning) => State::Running,
@@ -150,6 +151,18 @@ impl PodStatus {
     /// The pod IP of the newest sandbox.
     pub fn ip(&self) -> Option<&str> {
         self.sandboxes.first().and_then(|s| s.ip.as_deref())
+    }
+
+    /// Does this status show container or sandbox `id` stopped: a container
+    /// exited or gone, a sandbox not ready or gone?
+    pub fn shows_stopped(&self, id: &str) -> bool {
+        if let Some(s) = self.sandboxes.iter().find(|s| s.id.as_str() == id) {
+            return !s.ready;
+        }
+        self.containers
+            .iter()
+            .find(|c| c.id.as_str() == id)
+            .is_none_or(|c| c.state == State::Exited)
     }
 
     /// Any container running?

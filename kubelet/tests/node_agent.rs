@@ -279,3 +279,82 @@ async fn a_restarted_agent_adopts_running_pods() {
     })
     .await;
 }
+
+/// A pod whose init container exits at once, then an app container.
+fn quick_init_pod(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  initContainers:\n  - {{name: init, image: {IMAGE}, command: [/bin/sh, -c, 'echo ready > /tmp/ready']}}\n  containers:\n  - {{name: app, image: {IMAGE}, command: [/bin/sleep, '3600']}}\n"
+    )
+}
+
+/// Issue 22: a container that exits right after it starts must never leave its
+/// pod waiting for the safety relist. Bursts of pods whose init container exits
+/// at once, with a 5-minute safety relist: every app container must run long
+/// before any relist could have rescued it.
+#[tokio::test(flavor = "multi_thread")]
+async fn init_containers_that_exit_at_once_never_hold_back_a_burst_of_pods() {
+    e2e(
+        "init_containers_that_exit_at_once_never_hold_back_a_burst_of_pods",
+        |w| async move {
+            const PODS: usize = 20;
+            let bursts = std::env::var("EVLET_E2E_BURSTS")
+                .ok()
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(if support::mode() == evlet::config::PlegMode::Ebpf { 7 } else { 3 });
+            let agent = w
+                .start_with(evlet::config::Config {
+                    ebpf_relist_period: Duration::from_secs(300),
+                    ..w.config()
+                })
+                .await;
+            let mut waits = Vec::new();
+            for burst in 0..bursts {
+                let names: Vec<String> = (0..PODS).map(|i| format!("b{burst}p{i}")).collect();
+                let started = tokio::time::Instant::now();
+                for n in &names {
+                    w.write(&format!("{n}.yaml"), &quick_init_pod(n));
+                }
+                let mut pending: Vec<String> = names.iter().map(|n| w.pod_name(n)).collect();
+                eventually(
+                    Duration::from_secs(90),
+                    &format!("burst {burst}: every app container running"),
+                    || {
+                        pending.retain(|p| {
+                            let up = agent.status(p).is_some_and(|s| running(&s, "app"));
+                            if up {
+                                waits.push(started.elapsed());
+                            }
+                            !up
+                        });
+                        let done = pending.is_empty();
+                        async move { done.then_some(()) }
+                    },
+                )
+                .await;
+                agent.assert_no_missed_events().await;
+                for n in &names {
+                    w.remove(&format!("{n}.yaml"));
+                }
+                eventually(Duration::from_secs(90), "the burst's pods removed", || async {
+                    names
+                        .iter()
+                        .all(|n| agent.status(&w.pod_name(n)).is_none())
+                        .then_some(())
+                })
+                .await;
+            }
+            waits.sort();
+            let pct = |p: usize| waits[(waits.len() - 1) * p / 100];
+            eprintln!(
+                "{bursts} bursts of {PODS} pods ({:?}, containerd {}): burst start -> app running p50 {:?} p90 {:?} max {:?}",
+                support::mode(),
+                w.node.containerd_version,
+                pct(50),
+                pct(90),
+                pct(100)
+            );
+            agent.stop().await;
+        },
+    )
+    .await;
+}

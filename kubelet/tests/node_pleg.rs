@@ -31,13 +31,7 @@ fn sleeper(name: &str, containers: usize, policy: &str) -> String {
 }
 
 fn metric(agent: &Running, name: &str) -> f64 {
-    agent
-        .handles
-        .metrics
-        .encode()
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
-        .unwrap_or(0.0)
+    agent.metric(name)
 }
 
 /// The time from SIGKILL until the pod cache shows the container exited.
@@ -94,7 +88,7 @@ async fn a_kill_reaches_the_cache_in_milliseconds_with_a_five_minute_safety_reli
                 samples[samples.len() - 1] < Duration::from_secs(2),
                 "generous bound: every kill seen well before any relist (300 s)"
             );
-            assert_eq!(metric(&agent, "evlet_pleg_missed_events_total"), 0.0);
+            agent.assert_no_missed_events().await;
             agent.stop().await;
         },
     )
@@ -318,7 +312,7 @@ async fn a_hundred_pods_created_killed_and_deleted_leave_no_duplicates() {
                 (ours == 0).then_some(())
             })
             .await;
-            assert_eq!(metric(&agent, "evlet_pleg_missed_events_total"), 0.0);
+            agent.assert_no_missed_events().await;
             agent.stop().await;
         },
     )
@@ -370,7 +364,7 @@ async fn quiet_pods_resync_without_runtime_reads_and_a_kill_still_shows() {
                 .await;
             let (_, containers) = w.runtime_objects("calm").await;
             assert_eq!(containers.len(), 3, "the killed c0, its replacement and c1");
-            assert_eq!(metric(&agent, "evlet_pleg_missed_events_total"), 0.0);
+            agent.assert_no_missed_events().await;
             agent.stop().await;
         },
     )

@@ -143,17 +143,35 @@ impl FakeRuntime {
         lock(&self.shared.calls).get(call).copied().unwrap_or(0)
     }
 
-    /// Makes a running container exit now with `exit_code` and `reason` (e.g. `"OOMKilled"`).
+    /// Makes a running container's process die now with `exit_code` and
+    /// `reason` (e.g. `"OOMKilled"`); the runtime shows it after the exit lag.
     /// Returns false if no such running container exists.
     pub fn exit_container(&self, id: &ContainerId, exit_code: i32, reason: &str) -> bool {
-        let event = lock(&self.shared.state).exit(id.as_str(), exit_code, reason);
-        match event {
-            Some(event) => {
-                let _ = self.shared.events.send(event);
-                true
-            }
-            None => false,
+        let mut state = lock(&self.shared.state);
+        let before = state.containers.get(id.as_str()).map(|c| c.dying.is_some());
+        let event = state.exit(id.as_str(), exit_code, reason);
+        let died = before == Some(false)
+            && state.containers.get(id.as_str()).is_some_and(|c| {
+                c.dying.is_some() || c.state == api::ContainerState::ContainerExited
+            });
+        drop(state);
+        if let Some(event) = event {
+            let _ = self.shared.events.send(event);
         }
+        died
+    }
+
+    /// The runtime shows a container's exit `lag` after its process died, as
+    /// containerd does while it reaps and deletes the task (tens of ms idle,
+    /// seconds under a start burst). Zero (the default): at once.
+    pub fn set_exit_lag(&self, lag: Duration) {
+        lock(&self.shared.state).exit_lag_ns = i64::try_from(lag.as_nanos()).unwrap_or(i64::MAX);
+    }
+
+    /// The container processes that died since the last call, as the kernel
+    /// sees them: at once, before the runtime shows the exits.
+    pub fn take_deaths(&self) -> Vec<state::ProcessExit> {
+        lock(&self.shared.state).take_deaths()
     }
 
     /// A snapshot of the in-memory model.

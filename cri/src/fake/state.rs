@@ -54,6 +54,23 @@ pub struct Container {
     pub reason: String,
     /// Scripted exit: `(code, after_ns)` from `FAKE_EXIT_CODE` / `FAKE_RUN_MS`.
     pub script: Option<(i32, i64)>,
+    /// The process died (ns) with this code and reason, and the runtime has
+    /// not processed the exit yet (see [`State::exit_lag_ns`]).
+    pub dying: Option<(i64, i32, String)>,
+}
+
+/// A container's init process died: what the kernel knows at once, before the
+/// runtime has processed the exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessExit {
+    /// The container ID.
+    pub container_id: String,
+    /// The container's labels (the test finds its pod there).
+    pub labels: std::collections::HashMap<String, String>,
+    /// The exit code.
+    pub exit_code: i32,
+    /// When it died (wall-clock ns).
+    pub at_ns: i64,
 }
 
 /// The whole model.
@@ -67,6 +84,11 @@ pub struct State {
     pub images: BTreeSet<String>,
     /// Images `PullImage` can fetch.
     pub pullable: BTreeSet<String>,
+    /// How long after a process dies the runtime shows the exit (containerd
+    /// reaps, deletes the task and updates its store first; 0: at once).
+    pub exit_lag_ns: i64,
+    /// Deaths not yet taken by [`State::take_deaths`].
+    deaths: Vec<ProcessExit>,
     next_id: u64,
 }
 
@@ -376,6 +398,7 @@ impl State {
             exit_code: 0,
             reason: String::new(),
             script,
+            dying: None,
         };
         let ev = event(
             ContainerEventType::ContainerCreatedEvent,
@@ -407,27 +430,53 @@ impl State {
         )])
     }
 
-    /// A running container exits (also used by `StopContainer` and scripts).
+    /// A running container's process dies (also used by `StopContainer` and
+    /// scripts). The runtime shows the exit at once, or after
+    /// [`State::exit_lag_ns`] (then it returns no event yet).
     pub fn exit(
         &mut self,
         id: &str,
         exit_code: i32,
         reason: &str,
     ) -> Option<api::ContainerEventResponse> {
+        let lag = self.exit_lag_ns;
         let c = self.containers.get_mut(id)?;
-        if c.state != ContainerState::ContainerRunning {
+        if c.state != ContainerState::ContainerRunning || c.dying.is_some() {
             return None;
         }
+        let now = now_ns();
+        self.deaths.push(ProcessExit {
+            container_id: c.id.clone(),
+            labels: c.config.labels.clone(),
+            exit_code,
+            at_ns: now,
+        });
+        c.dying = Some((now, exit_code, reason.to_owned()));
+        if lag > 0 {
+            return None;
+        }
+        self.reap(id)
+    }
+
+    /// The runtime processes a dead container's exit: it shows Exited from now on.
+    fn reap(&mut self, id: &str) -> Option<api::ContainerEventResponse> {
+        let c = self.containers.get_mut(id)?;
+        let (at, exit_code, reason) = c.dying.take()?;
         c.state = ContainerState::ContainerExited;
-        c.finished_at = now_ns();
+        c.finished_at = at;
         c.exit_code = exit_code;
-        c.reason = reason.to_owned();
+        c.reason = reason;
         let c = c.clone();
         Some(event(
             ContainerEventType::ContainerStoppedEvent,
             &c,
             self.sandboxes.get(&c.sandbox_id),
         ))
+    }
+
+    /// The process deaths since the last call, in order.
+    pub fn take_deaths(&mut self) -> Vec<ProcessExit> {
+        std::mem::take(&mut self.deaths)
     }
 
     /// `StopContainer`: SIGTERM-like exit (143) with a grace period, SIGKILL-like (137) without.
@@ -445,7 +494,9 @@ impl State {
             return Ok(vec![]);
         }
         let code = if timeout > 0 { 143 } else { 137 };
-        Ok(self.exit(id, code, reason_for(code)).into_iter().collect())
+        let shown = self.exit(id, code, reason_for(code));
+        // StopContainer returns once the runtime has processed the exit.
+        Ok(shown.or_else(|| self.reap(id)).into_iter().collect())
     }
 
     /// `RemoveContainer` (idempotent).
@@ -515,20 +566,31 @@ impl State {
         }
     }
 
-    /// Exits running containers whose scripted run time has passed.
+    /// Kills running containers whose scripted run time has passed, and
+    /// processes the exits whose lag is over.
     pub fn run_scripts(&mut self, now: i64) -> Vec<api::ContainerEventResponse> {
         let due: Vec<(String, i32)> = self
             .containers
             .values()
-            .filter(|c| c.state == ContainerState::ContainerRunning)
+            .filter(|c| c.state == ContainerState::ContainerRunning && c.dying.is_none())
             .filter_map(|c| {
                 let (code, after) = c.script?;
                 (now >= c.started_at + after).then(|| (c.id.clone(), code))
             })
             .collect();
-        due.into_iter()
+        let mut events: Vec<api::ContainerEventResponse> = due
+            .into_iter()
             .filter_map(|(id, code)| self.exit(&id, code, reason_for(code)))
-            .collect()
+            .collect();
+        let lag = self.exit_lag_ns;
+        let reaped: Vec<String> = self
+            .containers
+            .values()
+            .filter(|c| c.dying.as_ref().is_some_and(|(at, _, _)| now >= at + lag))
+            .map(|c| c.id.clone())
+            .collect();
+        events.extend(reaped.iter().filter_map(|id| self.reap(id)));
+        events
     }
 }
 

@@ -56,6 +56,21 @@ pub fn parse_path(path: &str) -> Option<(PodUid, Option<String>)> {
     Some((PodUid(uid), container))
 }
 
+/// What a process exit in a pod's cgroup means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitHint {
+    /// The container's init exited: the container stopped.
+    Init {
+        /// The pod.
+        uid: PodUid,
+        /// The container (or sandbox) ID.
+        container: String,
+    },
+    /// A process exited in a container whose init has not exec'd yet: worth a
+    /// relist, but it says nothing certain about the container.
+    BeforeInit(PodUid),
+}
+
 /// cgroup v2 ID → owner.
 #[derive(Debug, Default)]
 pub struct CgroupMap {
@@ -97,11 +112,21 @@ impl CgroupMap {
         }
     }
 
-    /// Is a process exit in cgroup `id` a STOPPED hint? `Some(uid)` if so.
-    pub fn exit_hint(&self, id: u64, tgid: u32) -> Option<PodUid> {
+    /// What a process exit in cgroup `id` means (invariant 9): the init of a
+    /// container died, a process of a container whose init is not known yet
+    /// exited (runc's set-up stages do, before the entrypoint's exec), or
+    /// nothing (`None`: noise, or not a container's cgroup).
+    pub fn exit_hint(&self, id: u64, tgid: u32) -> Option<ExitHint> {
         let o = self.by_id.get(&id)?;
-        o.container.as_ref()?;
-        (o.init.is_none() || o.init == Some(tgid)).then(|| o.uid.clone())
+        let container = o.container.as_ref()?;
+        match o.init {
+            Some(init) if init == tgid => Some(ExitHint::Init {
+                uid: o.uid.clone(),
+                container: container.clone(),
+            }),
+            Some(_) => None,
+            None => Some(ExitHint::BeforeInit(o.uid.clone())),
+        }
     }
 }
 
@@ -173,6 +198,19 @@ impl Quiet {
                 .ok()
                 .and_then(|t| *t)?;
         answer.checked_sub(IN_FLIGHT)
+    }
+
+    /// The reader's side: waits until a proof is asked for.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; a request that arrives meanwhile is kept for the next call.
+    pub async fn requested(&self) {
+        self.wanted.notified().await;
+    }
+
+    /// The reader's side: every kernel event before `at` is in the hints.
+    pub fn answer(&self, at: Instant) {
+        self.proven.send_replace(Some(at));
     }
 }
 
@@ -380,7 +418,7 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
                 batch.push(first);
             }
             // Taken before the drain: every record submitted by now is read below.
-            () = ctx.quiet.wanted.notified() => proof = Some(Instant::now()),
+            () = ctx.quiet.requested() => proof = Some(Instant::now()),
             _ = tick.tick() => {}
         }
         reader.drain_ready(&mut batch);
@@ -406,7 +444,7 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
         if let Some(at) = proof
             && loss_known
         {
-            ctx.quiet.proven.send_replace(Some(at));
+            ctx.quiet.answer(at);
         }
         let stall = lock(&ctx.stall).take();
         if let Some(pause) = stall {
@@ -447,11 +485,12 @@ fn handle(ctx: &Ctx, event: Event) {
             let owner = lock(&ctx.map).remove(c.origin.cgroup_id);
             if let Some(Owner {
                 uid,
-                container: Some(_),
+                container: Some(container),
                 ..
             }) = owner
             {
-                ctx.hints.pod(uid, Some(c.origin.ktime_ns));
+                // The cgroup goes at the container's removal: it has stopped.
+                ctx.hints.exit(uid, container, c.origin.ktime_ns);
             }
         }
         Event::Exec { origin, .. } => {
@@ -469,8 +508,12 @@ fn handle(ctx: &Ctx, event: Event) {
             }
             let hint = lock(&ctx.map).exit_hint(id, e.origin.tgid);
             tracing::debug!(tgid = e.origin.tgid, cgroup = id, ?hint, "process exit");
-            if let Some(uid) = hint {
-                ctx.hints.pod(uid, Some(e.origin.ktime_ns));
+            match hint {
+                Some(ExitHint::Init { uid, container }) => {
+                    ctx.hints.exit(uid, container, e.origin.ktime_ns);
+                }
+                Some(ExitHint::BeforeInit(uid)) => ctx.hints.pod(uid, Some(e.origin.ktime_ns)),
+                None => {}
             }
         }
         Event::OomKill(o) => {
@@ -557,13 +600,19 @@ mod tests {
         map.insert(7, "/kubepods/podu/c1");
         assert_eq!(
             map.exit_hint(7, 99),
-            Some(PodUid::from("u")),
-            "init unknown: conservatively a hint"
+            Some(ExitHint::BeforeInit(PodUid::from("u"))),
+            "init unknown (runc's set-up stages): a plain hint, not the container's death"
         );
         map.exec(7, 100);
         map.exec(7, 200);
         assert_eq!(map.exit_hint(7, 200), None, "a later exec's exit is noise");
-        assert_eq!(map.exit_hint(7, 100), Some(PodUid::from("u")));
+        assert_eq!(
+            map.exit_hint(7, 100),
+            Some(ExitHint::Init {
+                uid: PodUid::from("u"),
+                container: "c1".into()
+            })
+        );
         map.insert(8, "/kubepods/podu");
         assert_eq!(
             map.exit_hint(8, 1),

@@ -2,24 +2,38 @@
 //!
 //! One task owns the [`Relister`]. In priority order it runs: a full relist when
 //! one is needed (start, lost events, a reader or runtime restart) or due (the
-//! safety period), then per-pod relists of hinted pods that are not in a SyncPod.
+//! safety period), then the re-reads of pods whose kernel exits the runtime has
+//! not shown yet, then per-pod relists of hinted pods that are not in a SyncPod.
 //! A failed relist is retried with backoff and is followed by a full relist once
-//! the runtime answers again. Changes that a *periodic* full relist finds without
-//! a preceding hint are counted as missed events (upstream's unbuilt
-//! `kube_pod_missed_events`).
+//! the runtime answers again.
 //!
-//! The kernel is faster than the runtime: a container's init has exited, but
-//! containerd has not yet reaped it and still says RUNNING. So a hint with a
-//! kernel origin *expects* a change: while the pod's relist shows none, it is
-//! re-read after 1, 2, 4 … ms (capped at 5 ms) for up to 5 s.
+//! **Expectations.** The kernel is faster than the runtime: a container's init
+//! has exited, but containerd has not reaped it yet and still says RUNNING. A
+//! kernel exit hint names the container, and the pod stays *expecting* until
+//! the runtime shows that container stopped — not until the pod shows *some*
+//! change (its own SyncPod's work is a change too: that confusion left pods
+//! stuck behind a finished init container, issue 22). While expecting, the
+//! container is polled with one status call, every 1, 2, 4, 5 ms for the fast
+//! window (5 s), then every second; after 30 s a full relist is asked for and a
+//! warning names the container. An expectation is never dropped: a pod with one
+//! is never proven quiet, and its polls wait while its SyncPod runs.
 //!
-//! A pod worker waiting for a status newer than its last sync (a resync, an
-//! update) does not need a CRI read when nothing changed: in `ebpf` mode the
-//! reader drains the ring buffer on request ([`Quiet`]), and a pod with no hint,
-//! no expectation and no SyncPod running after that has its entry vouched for
-//! as of the drain. At 500 idle pods this replaces ~8 re-reads a second
-//! (one per pod per 30–90 s resync) with none.
+//! **Quiet proofs.** A pod worker waiting for a status newer than its last sync
+//! (a resync, an update) does not need a CRI read when nothing changed: in
+//! `ebpf` mode the reader drains the ring buffer on request ([`Quiet`]), and a
+//! pod with no hint, no expectation and no SyncPod running after that has its
+//! entry vouched for as of the drain.
+//!
+//! **Missed events.** A *counting* full relist (the periodic safety relist, or
+//! one asked for with [`Hints::verify`]) counts every change it finds in a pod
+//! that has no hint waiting, no expectation and no SyncPod running, whatever
+//! the pod did before: the hint path did not deliver it. In `ebpf` mode the
+//! ring buffer is drained between the listing and that check, so a change whose
+//! kernel event is still in flight is never miscounted. CRI's event stream
+//! cannot be drained, so in `cri-events` mode such a pod is counted only if no
+//! hint for it arrives within a grace period.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,27 +41,64 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ebpf::Quiet;
-use super::hints::{Hints, Next};
-use super::relist::Relister;
+use super::hints::{Dirty, Hints, Next};
+use super::relist::{PodRelist, Relister};
 use crate::metrics::Metrics;
+use crate::pod::PodUid;
+use crate::runtime::PodStatus;
 
 const PERIODIC: &str = "periodic safety relist";
-/// How long a hinted pod is re-read while the runtime has not caught up.
-const EXPECT_FOR: Duration = Duration::from_secs(5);
-/// The longest gap between those re-reads. containerd shows an exit 40–70 ms
-/// after the kernel (it deletes the task first); 5 ms keeps the detection
-/// within a few ms of that, for ~3 CRI calls per re-read.
-const EXPECT_STEP: Duration = Duration::from_millis(5);
-/// How long a quiet proof may take before the pods are relisted instead.
-const PROVE_FOR: Duration = Duration::from_secs(1);
 
-/// A hint whose change the runtime has not shown yet.
-#[derive(Debug, Clone, Copy)]
+/// The dispatcher's timings. [`Timing::new`] has the production values.
+#[derive(Debug, Clone)]
+pub struct Timing {
+    /// The safety relist period.
+    pub safety: Duration,
+    /// How long an unconfirmed exit is polled fast. containerd shows an exit
+    /// 40–70 ms after the kernel when idle, seconds later under a start burst.
+    pub fast_for: Duration,
+    /// The longest gap between fast polls of one pod: a few ms after the
+    /// runtime's own lag. With several pods expecting, the gap grows with their
+    /// number (up to `slow_step`), so the polls of a start burst share one
+    /// budget of calls instead of adding load to a runtime that is already behind.
+    pub fast_step: Duration,
+    /// The gap between polls after the fast window.
+    pub slow_step: Duration,
+    /// After this long unconfirmed, a full relist is asked for and a warning logged.
+    pub full_after: Duration,
+    /// How long a quiet proof may take before the pods are relisted instead.
+    pub prove_for: Duration,
+    /// `cri-events`: how long an unannounced change may wait for its event.
+    pub grace: Duration,
+}
+
+impl Timing {
+    /// Production timings with a safety relist every `safety`.
+    pub fn new(safety: Duration) -> Self {
+        Self {
+            safety,
+            fast_for: Duration::from_secs(5),
+            fast_step: Duration::from_millis(5),
+            slow_step: Duration::from_secs(1),
+            full_after: Duration::from_secs(30),
+            prove_for: Duration::from_secs(1),
+            grace: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Kernel exits the runtime has not shown yet, for one pod.
+#[derive(Debug, Clone)]
 struct Expect {
-    origin: u64,
+    /// Container (or sandbox) ID → the kernel's exit time (CLOCK_MONOTONIC ns).
+    exits: BTreeMap<String, u64>,
+    /// The first read that did not show them.
     since: Instant,
+    /// The next poll.
     due: Instant,
     attempt: u32,
+    /// A full relist was asked for (once).
+    escalated: bool,
 }
 
 /// Runs until `cancel`; a full relist runs first. With `quiet` (the `ebpf`
@@ -55,127 +106,34 @@ struct Expect {
 /// proof when the pod has no hint; otherwise, and in `cri-events` mode, the pod
 /// is relisted.
 pub async fn run(
-    mut relister: Relister,
+    relister: Relister,
     hints: Arc<Hints>,
     quiet: Option<Arc<Quiet>>,
-    period: Duration,
+    timing: Timing,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
-    let mut next_full = Instant::now() + period;
+    let mut dispatcher = Dispatcher {
+        next_full: Instant::now() + timing.safety,
+        relister,
+        hints,
+        quiet,
+        timing,
+        metrics,
+        expecting: BTreeMap::new(),
+        suspects: BTreeMap::new(),
+        verifying: Vec::new(),
+    };
+    dispatcher.hints.full("start");
     let mut failures: u32 = 0;
-    let mut expecting: std::collections::BTreeMap<crate::pod::PodUid, Expect> = Default::default();
-    hints.full("start");
     loop {
         if cancel.is_cancelled() {
             return;
         }
-        let now = Instant::now();
-        let due = expecting
-            .iter()
-            .find(|(_, e)| e.due <= now)
-            .map(|(uid, e)| (uid.clone(), e.origin));
-        let work = if now >= next_full {
-            Next::Full(PERIODIC.into())
-        } else if let Some((uid, origin)) = due {
-            Next::Pod(uid, Some(origin))
-        } else {
-            hints.next()
-        };
-        let failed = match work {
-            Next::Full(reason) => {
-                let hinted = hints.take_hinted();
-                let count_missed = reason == PERIODIC;
-                match relister.relist_all(count_missed.then_some(&hinted)).await {
-                    Ok(report) => {
-                        next_full = Instant::now() + period;
-                        if !count_missed {
-                            tracing::info!(%reason, changed = report.changed.len(), "full relist");
-                        }
-                        false
-                    }
-                    Err(err) => {
-                        tracing::warn!(%reason, %err, "full relist failed; retrying");
-                        hints.full(reason);
-                        true
-                    }
-                }
-            }
-            Next::Pod(uid, origin) => match relister.relist_pod(&uid).await {
-                Ok(changed) => {
-                    tracing::debug!(pod = %uid, changed, "pod relisted");
-                    match origin {
-                        Some(origin) if changed => {
-                            expecting.remove(&uid);
-                            let latency = evlet_ebpf::monotonic_ns().saturating_sub(origin);
-                            metrics.pleg_hint_latency.observe(latency as f64 / 1e9);
-                        }
-                        Some(origin) => {
-                            let now = Instant::now();
-                            let e = expecting.entry(uid.clone()).or_insert(Expect {
-                                origin,
-                                since: now,
-                                due: now,
-                                attempt: 0,
-                            });
-                            e.origin = e.origin.min(origin);
-                            e.attempt += 1;
-                            e.due =
-                                now + Duration::from_millis(1 << e.attempt.min(5)).min(EXPECT_STEP);
-                            if now.duration_since(e.since) > EXPECT_FOR {
-                                tracing::debug!(pod = %uid, "a hint brought no change in the runtime");
-                                expecting.remove(&uid);
-                            }
-                        }
-                        None => {}
-                    }
-                    false
-                }
-                Err(err) => {
-                    hints.retry(uid, origin);
-                    if err.is_retryable() {
-                        // The runtime went away: once it answers, re-read everything.
-                        hints.full(format!("runtime unavailable: {err}"));
-                    }
-                    true
-                }
-            },
-            Next::Fresh(mut wanted) => {
-                // A pod with a relist coming (hint, expectation, SyncPod end or
-                // full relist) needs nothing here; checked again after the proof,
-                // which may bring new hints.
-                let pending =
-                    |uid: &crate::pod::PodUid| expecting.contains_key(uid) || !hints.settled(uid);
-                wanted.retain(|(uid, _)| !pending(uid));
-                let proven = match &quiet {
-                    Some(q) if !wanted.is_empty() => q.prove(PROVE_FOR).await,
-                    _ => None,
-                };
-                for (uid, since) in wanted {
-                    if pending(&uid) {
-                        continue;
-                    }
-                    if proven.is_some_and(|at| at > since && relister.touch(&uid, at)) {
-                        metrics.pleg_quiet_proofs.inc();
-                    } else {
-                        hints.pod(uid, None);
-                    }
-                }
-                false
-            }
-            Next::Idle => {
-                let wake = expecting
-                    .values()
-                    .map(|e| e.due)
-                    .min()
-                    .map_or(next_full, |d| d.min(next_full));
-                tokio::select! {
-                    () = cancel.cancelled() => return,
-                    () = hints.changed() => {}
-                    () = tokio::time::sleep_until(wake) => {}
-                }
-                false
-            }
+        let failed = match dispatcher.step(&cancel).await {
+            Step::Done => false,
+            Step::Failed => true,
+            Step::Cancelled => return,
         };
         if failed {
             failures += 1;
@@ -186,6 +144,323 @@ pub async fn run(
             }
         } else {
             failures = 0;
+        }
+    }
+}
+
+/// The outcome of one step.
+enum Step {
+    Done,
+    /// A runtime call failed: back off before the next step.
+    Failed,
+    Cancelled,
+}
+
+/// What to do next, in priority order.
+enum Work {
+    Full { reason: String, counting: bool },
+    Poll(PodUid),
+    Hinted(Next),
+}
+
+struct Dispatcher {
+    relister: Relister,
+    hints: Arc<Hints>,
+    quiet: Option<Arc<Quiet>>,
+    timing: Timing,
+    metrics: Arc<Metrics>,
+    expecting: BTreeMap<PodUid, Expect>,
+    /// `cri-events`: pods a counting relist found changed with no hint, and
+    /// when their grace ends.
+    suspects: BTreeMap<PodUid, Instant>,
+    /// `cri-events`: ends of the grace periods of counting relists.
+    verifying: Vec<Instant>,
+    next_full: Instant,
+}
+
+impl Dispatcher {
+    async fn step(&mut self, cancel: &CancellationToken) -> Step {
+        let now = Instant::now();
+        self.settle_suspects(now);
+        let due = self
+            .expecting
+            .iter()
+            .find(|(uid, e)| e.due <= now && !self.hints.suspended(uid))
+            .map(|(uid, _)| uid.clone());
+        let work = if now >= self.next_full {
+            Work::Full {
+                reason: PERIODIC.into(),
+                counting: true,
+            }
+        } else if let Some(uid) = due {
+            Work::Poll(uid)
+        } else {
+            match self.hints.next() {
+                Next::Full { reason, counting } => Work::Full { reason, counting },
+                other => Work::Hinted(other),
+            }
+        };
+        match work {
+            Work::Full { reason, counting } => self.full(reason, counting).await,
+            Work::Poll(uid) => self.poll(uid).await,
+            Work::Hinted(Next::Pod(uid, dirty)) => self.pod(uid, dirty).await,
+            Work::Hinted(Next::Fresh(wanted)) => {
+                self.fresh(wanted).await;
+                Step::Done
+            }
+            Work::Hinted(Next::Idle | Next::Full { .. }) => {
+                let wake = self.wake();
+                tokio::select! {
+                    () = cancel.cancelled() => return Step::Cancelled,
+                    () = self.hints.changed() => {}
+                    () = tokio::time::sleep_until(wake) => {}
+                }
+                Step::Done
+            }
+        }
+    }
+
+    /// The next instant something is due without a new hint.
+    fn wake(&self) -> Instant {
+        self.expecting
+            .iter()
+            .filter(|(uid, _)| !self.hints.suspended(uid))
+            .map(|(_, e)| e.due)
+            .chain(self.suspects.values().copied())
+            .chain(self.verifying.iter().copied())
+            .fold(self.next_full, Instant::min)
+    }
+
+    async fn full(&mut self, reason: String, counting: bool) -> Step {
+        let listing = match self.relister.list().await {
+            Ok(listing) => listing,
+            Err(err) => {
+                tracing::warn!(%reason, %err, "full relist failed; retrying");
+                self.hints.retry_full(reason, counting);
+                return Step::Failed;
+            }
+        };
+        // Every kernel event before the listing becomes a hint before the check.
+        let counting = counting
+            && match &self.quiet {
+                Some(q) => {
+                    let drained = q.prove(self.timing.prove_for).await.is_some();
+                    if !drained {
+                        tracing::warn!(
+                            "the eBPF reader did not drain; not counting missed events in this relist"
+                        );
+                    }
+                    drained
+                }
+                None => true,
+            };
+        let (hints, expecting) = (&self.hints, &self.expecting);
+        let announced = |uid: &PodUid| expecting.contains_key(uid) || hints.pending(uid);
+        let report = self
+            .relister
+            .apply(listing, counting.then_some(&announced))
+            .await;
+        let now = Instant::now();
+        self.next_full = now + self.timing.safety;
+        if reason != PERIODIC {
+            tracing::info!(%reason, changed = report.changed.len(), "full relist");
+        }
+        if !counting {
+            return Step::Done;
+        }
+        if self.quiet.is_some() {
+            for uid in &report.unannounced {
+                self.missed(uid);
+            }
+            self.metrics.pleg_counted_relists.inc();
+        } else {
+            let end = now + self.timing.grace;
+            for uid in report.unannounced {
+                self.suspects.entry(uid).or_insert(end);
+            }
+            self.verifying.push(end);
+        }
+        Step::Done
+    }
+
+    fn missed(&self, uid: &PodUid) {
+        self.metrics.pleg_missed_events.inc();
+        tracing::warn!(pod = %uid, "a full relist found a change no hint announced (missed event)");
+    }
+
+    /// `cri-events`: counts the suspects whose grace ended without a hint.
+    fn settle_suspects(&mut self, now: Instant) {
+        let ended: Vec<PodUid> = self
+            .suspects
+            .iter()
+            .filter(|(_, end)| **end <= now)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in ended {
+            self.suspects.remove(&uid);
+            if !self.hints.pending(&uid) && !self.expecting.contains_key(&uid) {
+                self.missed(&uid);
+            }
+        }
+        let before = self.verifying.len();
+        self.verifying.retain(|end| *end > now);
+        self.metrics
+            .pleg_counted_relists
+            .inc_by((before - self.verifying.len()) as u64);
+    }
+
+    async fn pod(&mut self, uid: PodUid, dirty: Dirty) -> Step {
+        self.suspects.remove(&uid);
+        match self.relister.relist_pod(&uid).await {
+            Ok(PodRelist { changed, status }) => {
+                tracing::debug!(pod = %uid, changed, exits = dirty.exits.len(), "pod relisted");
+                if changed
+                    && dirty.exits.is_empty()
+                    && let Some(origin) = dirty.origin
+                {
+                    self.observe_latency(origin);
+                }
+                self.expect(uid, dirty.exits, &status);
+                Step::Done
+            }
+            Err(err) => {
+                let retryable = err.is_retryable();
+                self.hints.retry(uid, dirty);
+                if retryable {
+                    // The runtime went away: once it answers, re-read everything.
+                    self.hints.full(format!("runtime unavailable: {err}"));
+                }
+                Step::Failed
+            }
+        }
+    }
+
+    fn observe_latency(&self, origin: u64) {
+        let latency = evlet_ebpf::monotonic_ns().saturating_sub(origin);
+        self.metrics.pleg_hint_latency.observe(latency as f64 / 1e9);
+    }
+
+    /// Merges `exits` into `uid`'s expectation and settles what `status` shows stopped.
+    fn expect(&mut self, uid: PodUid, exits: BTreeMap<String, u64>, status: &PodStatus) {
+        let now = Instant::now();
+        let previous = self.expecting.remove(&uid);
+        let mut open = previous
+            .as_ref()
+            .map(|e| e.exits.clone())
+            .unwrap_or_default();
+        for (id, at) in exits {
+            let slot = open.entry(id).or_insert(at);
+            *slot = (*slot).min(at);
+        }
+        open.retain(|id, origin| {
+            let stopped = status.shows_stopped(id);
+            if stopped {
+                self.observe_latency(*origin);
+            }
+            !stopped
+        });
+        if open.is_empty() {
+            if let Some(e) = previous {
+                self.metrics
+                    .pleg_expectation_wait
+                    .observe((now - e.since).as_secs_f64());
+            }
+        } else {
+            let mut e = previous.unwrap_or(Expect {
+                exits: BTreeMap::new(),
+                since: now,
+                due: now,
+                attempt: 0,
+                escalated: false,
+            });
+            e.exits = open;
+            self.schedule(&uid, &mut e, now);
+            self.expecting.insert(uid, e);
+        }
+        self.metrics
+            .pleg_expectations
+            .set(self.expecting.len() as i64);
+    }
+
+    fn schedule(&self, uid: &PodUid, e: &mut Expect, now: Instant) {
+        let waited = now - e.since;
+        let step = if waited < self.timing.fast_for {
+            let open = u32::try_from(self.expecting.len() + 1).unwrap_or(u32::MAX);
+            let gap = (self.timing.fast_step * open).min(self.timing.slow_step);
+            Duration::from_millis(1 << e.attempt.min(10)).min(gap)
+        } else {
+            self.timing.slow_step
+        };
+        e.attempt += 1;
+        e.due = now + step;
+        if waited >= self.timing.full_after && !e.escalated {
+            e.escalated = true;
+            let containers: Vec<&String> = e.exits.keys().collect();
+            tracing::warn!(pod = %uid, ?containers, ?waited, "the kernel saw these containers' init exit, and the runtime still shows them running; relisting everything");
+            self.hints
+                .full("the runtime has not shown a kernel-reported exit");
+        }
+    }
+
+    /// Polls an expectation: one status call per container; a relist of the
+    /// pod once any of them shows stopped.
+    async fn poll(&mut self, uid: PodUid) -> Step {
+        let Some(ids) = self
+            .expecting
+            .get(&uid)
+            .map(|e| e.exits.keys().cloned().collect::<Vec<_>>())
+        else {
+            return Step::Done;
+        };
+        let mut any = false;
+        for id in ids {
+            match self.relister.shows_stopped(&uid, &id).await {
+                Ok(stopped) => any |= stopped,
+                Err(err) => {
+                    if err.is_retryable() {
+                        self.hints.full(format!("runtime unavailable: {err}"));
+                    }
+                    self.reschedule(&uid);
+                    return Step::Failed;
+                }
+            }
+        }
+        if any {
+            return self.pod(uid, Dirty::default()).await;
+        }
+        self.reschedule(&uid);
+        Step::Done
+    }
+
+    fn reschedule(&mut self, uid: &PodUid) {
+        if let Some(mut e) = self.expecting.remove(uid) {
+            self.schedule(uid, &mut e, Instant::now());
+            self.expecting.insert(uid.clone(), e);
+        }
+    }
+
+    /// Answers workers that want a fresh entry: a quiet proof, or a relist.
+    async fn fresh(&mut self, mut wanted: Vec<(PodUid, Instant)>) {
+        // A pod with a relist coming (hint, expectation, SyncPod end or full
+        // relist) needs nothing here; checked again after the proof, which may
+        // bring new hints.
+        let pending = |this: &Self, uid: &PodUid| {
+            this.expecting.contains_key(uid) || !this.hints.settled(uid)
+        };
+        wanted.retain(|(uid, _)| !pending(self, uid));
+        let proven = match &self.quiet {
+            Some(q) if !wanted.is_empty() => q.prove(self.timing.prove_for).await,
+            _ => None,
+        };
+        for (uid, since) in wanted {
+            if pending(self, &uid) {
+                continue;
+            }
+            if proven.is_some_and(|at| at > since && self.relister.touch(&uid, at)) {
+                self.metrics.pleg_quiet_proofs.inc();
+            } else {
+                self.hints.pod(uid, None);
+            }
         }
     }
 }

@@ -2,6 +2,9 @@
 //!
 //! It is a set, not a queue (design invariant 5): a pod hinted a thousand times
 //! before the dispatcher gets to it is relisted once; nothing can overflow.
+//! A kernel hint that a container's init exited names the container
+//! ([`Hints::exit`]): the dispatcher then keeps the pod "expecting" until the
+//! runtime shows that container stopped (see `pleg::hinted`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -11,16 +14,45 @@ use tokio::time::Instant;
 
 use crate::pod::PodUid;
 
+/// What the hints say about one pod since the dispatcher last took it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Dirty {
+    /// The earliest hint's CLOCK_MONOTONIC origin (ns), if any hint carried one.
+    pub origin: Option<u64>,
+    /// Containers (or sandboxes) whose init process the kernel saw exit, with
+    /// the earliest such exit's CLOCK_MONOTONIC time (ns).
+    pub exits: BTreeMap<String, u64>,
+}
+
+impl Dirty {
+    fn merge(&mut self, other: Dirty) {
+        self.origin = match (self.origin, other.origin) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        for (id, at) in other.exits {
+            let slot = self.exits.entry(id).or_insert(at);
+            *slot = (*slot).min(at);
+        }
+    }
+}
+
+/// A full relist that was asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Full {
+    reason: String,
+    /// Count the changes it finds that no hint announced (missed events).
+    counting: bool,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    /// Pods to relist, with the earliest hint's CLOCK_MONOTONIC origin (ns), if known.
-    dirty: BTreeMap<PodUid, Option<u64>>,
+    /// Pods to relist and what their hints said.
+    dirty: BTreeMap<PodUid, Dirty>,
     /// Pods whose SyncPod is running: their relists wait (invariant 4).
     suspended: BTreeSet<PodUid>,
     /// A full relist is needed, and why.
-    full: Option<String>,
-    /// Pods hinted since the last full relist (for missed-event counting).
-    hinted: BTreeSet<PodUid>,
+    full: Option<Full>,
     /// Pods whose workers wait for an entry newer than this (their last sync).
     wanted: BTreeMap<PodUid, Instant>,
 }
@@ -35,10 +67,15 @@ pub struct Hints {
 /// What the dispatcher should do next.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Next {
-    /// A full relist, for this reason.
-    Full(String),
-    /// Relist this pod; the hint's monotonic origin if any.
-    Pod(PodUid, Option<u64>),
+    /// A full relist, for this reason; `counting`: count missed events.
+    Full {
+        /// Why.
+        reason: String,
+        /// Whether changes no hint announced are counted as missed events.
+        counting: bool,
+    },
+    /// Relist this pod; what its hints said.
+    Pod(PodUid, Dirty),
     /// These pods' workers want an entry newer than the instant given: prove
     /// them quiet (or relist them).
     Fresh(Vec<(PodUid, Instant)>),
@@ -51,18 +88,33 @@ impl Hints {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn add(&self, uid: PodUid, dirty: Dirty) {
+        self.lock().dirty.entry(uid).or_default().merge(dirty);
+        self.notify.notify_one();
+    }
+
     /// Pod `uid` may have changed (kernel or runtime event at `origin_ns`, CLOCK_MONOTONIC).
     pub fn pod(&self, uid: PodUid, origin_ns: Option<u64>) {
-        {
-            let mut inner = self.lock();
-            inner.hinted.insert(uid.clone());
-            let slot = inner.dirty.entry(uid).or_insert(origin_ns);
-            *slot = match (*slot, origin_ns) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-        }
-        self.notify.notify_one();
+        self.add(
+            uid,
+            Dirty {
+                origin: origin_ns,
+                exits: BTreeMap::new(),
+            },
+        );
+    }
+
+    /// The kernel saw the init process of `container` (a container or sandbox
+    /// ID of pod `uid`) exit at `origin_ns` (CLOCK_MONOTONIC): the pod is
+    /// relisted and kept "expecting" until the runtime shows it stopped.
+    pub fn exit(&self, uid: PodUid, container: String, origin_ns: u64) {
+        self.add(
+            uid,
+            Dirty {
+                origin: Some(origin_ns),
+                exits: [(container, origin_ns)].into(),
+            },
+        );
     }
 
     /// A worker of `uid` waits for a cache entry newer than `since`. No hint
@@ -77,6 +129,17 @@ impl Hints {
         self.notify.notify_one();
     }
 
+    /// Does `uid` have a hint waiting or a SyncPod running (a relist is coming)?
+    pub fn pending(&self, uid: &PodUid) -> bool {
+        let inner = self.lock();
+        inner.dirty.contains_key(uid) || inner.suspended.contains(uid)
+    }
+
+    /// Is `uid` in a SyncPod (its relists are held)?
+    pub fn suspended(&self, uid: &PodUid) -> bool {
+        self.lock().suspended.contains(uid)
+    }
+
     /// Is `uid` free of pending work (no hint, no SyncPod, no full relist due)?
     pub fn settled(&self, uid: &PodUid) -> bool {
         let inner = self.lock();
@@ -85,7 +148,24 @@ impl Hints {
 
     /// Everything must be relisted (events were lost, a reader restarted, ...).
     pub fn full(&self, reason: impl Into<String>) {
-        self.lock().full.get_or_insert_with(|| reason.into());
+        self.lock().full.get_or_insert_with(|| Full {
+            reason: reason.into(),
+            counting: false,
+        });
+        self.notify.notify_one();
+    }
+
+    /// Asks for a full relist that counts every change no hint announced as a
+    /// missed event (tests check the hint path with it; the periodic safety
+    /// relist does the same).
+    pub fn verify(&self) {
+        self.lock()
+            .full
+            .get_or_insert_with(|| Full {
+                reason: "verification".into(),
+                counting: true,
+            })
+            .counting = true;
         self.notify.notify_one();
     }
 
@@ -95,14 +175,13 @@ impl Hints {
     }
 
     /// SyncPod ended for `uid`: one merged relist now if it changed anything or
-    /// hints arrived meanwhile.
+    /// hints arrived meanwhile (they stayed in the set while it ran).
     pub fn resume(&self, uid: PodUid, changed: bool) {
         {
             let mut inner = self.lock();
             inner.suspended.remove(&uid);
-            inner.hinted.insert(uid.clone());
             if changed {
-                inner.dirty.entry(uid).or_insert(None);
+                inner.dirty.entry(uid).or_default();
             }
         }
         self.notify.notify_one();
@@ -112,8 +191,8 @@ impl Hints {
     /// suspended, then the pods whose workers want freshness.
     pub fn next(&self) -> Next {
         let mut inner = self.lock();
-        if let Some(reason) = inner.full.take() {
-            return Next::Full(reason);
+        if let Some(Full { reason, counting }) = inner.full.take() {
+            return Next::Full { reason, counting };
         }
         let ready = inner
             .dirty
@@ -122,8 +201,8 @@ impl Hints {
             .cloned();
         match ready {
             Some(uid) => {
-                let origin = inner.dirty.remove(&uid).flatten();
-                Next::Pod(uid, origin)
+                let dirty = inner.dirty.remove(&uid).unwrap_or_default();
+                Next::Pod(uid, dirty)
             }
             None if !inner.wanted.is_empty() => {
                 Next::Fresh(std::mem::take(&mut inner.wanted).into_iter().collect())
@@ -132,20 +211,19 @@ impl Hints {
         }
     }
 
-    /// Puts a pod back after a failed relist (keeps the earliest origin).
-    pub fn retry(&self, uid: PodUid, origin_ns: Option<u64>) {
-        let mut inner = self.lock();
-        let slot = inner.dirty.entry(uid).or_insert(origin_ns);
-        *slot = slot.or(origin_ns);
+    /// Puts a pod's hints back after a failed relist.
+    pub fn retry(&self, uid: PodUid, dirty: Dirty) {
+        self.lock().dirty.entry(uid).or_default().merge(dirty);
     }
 
-    /// Pods hinted (or synced, or pending) since the previous call; resets the record.
-    pub fn take_hinted(&self) -> BTreeSet<PodUid> {
+    /// Puts a full relist back after it failed (keeps it counting if it was).
+    pub fn retry_full(&self, reason: String, counting: bool) {
         let mut inner = self.lock();
-        let mut set = std::mem::take(&mut inner.hinted);
-        set.extend(inner.dirty.keys().cloned());
-        set.extend(inner.suspended.iter().cloned());
-        set
+        let full = inner.full.get_or_insert(Full {
+            reason,
+            counting: false,
+        });
+        full.counting |= counting;
     }
 
     /// Waits until something is added.
@@ -158,39 +236,87 @@ impl Hints {
 mod tests {
     use super::*;
 
+    fn plain(origin: Option<u64>) -> Dirty {
+        Dirty {
+            origin,
+            exits: BTreeMap::new(),
+        }
+    }
+
     #[test]
     fn many_hints_for_one_pod_make_one_relist_with_the_earliest_origin() {
         let h = Hints::default();
         for t in [30, 10, 20] {
             h.pod(PodUid::from("a"), Some(t));
         }
-        assert_eq!(h.next(), Next::Pod(PodUid::from("a"), Some(10)));
+        assert_eq!(h.next(), Next::Pod(PodUid::from("a"), plain(Some(10))));
         assert_eq!(h.next(), Next::Idle);
     }
 
     #[test]
-    fn a_syncing_pod_is_held_and_relisted_once_after() {
+    fn exits_name_their_containers_and_keep_each_ones_earliest_time() {
+        let h = Hints::default();
+        h.exit(PodUid::from("a"), "c1".into(), 30);
+        h.exit(PodUid::from("a"), "c1".into(), 20);
+        h.exit(PodUid::from("a"), "c2".into(), 40);
+        h.pod(PodUid::from("a"), Some(5));
+        assert_eq!(
+            h.next(),
+            Next::Pod(
+                PodUid::from("a"),
+                Dirty {
+                    origin: Some(5),
+                    exits: [("c1".into(), 20), ("c2".into(), 40)].into()
+                }
+            )
+        );
+    }
+
+    #[test]
+    fn an_exit_during_a_sync_survives_the_suspension() {
         let h = Hints::default();
         h.suspend(PodUid::from("a"));
-        h.pod(PodUid::from("a"), Some(5));
+        h.exit(PodUid::from("a"), "init".into(), 5);
         h.pod(PodUid::from("b"), None);
-        assert_eq!(h.next(), Next::Pod(PodUid::from("b"), None));
+        assert!(h.pending(&PodUid::from("a")));
+        assert_eq!(h.next(), Next::Pod(PodUid::from("b"), plain(None)));
         assert_eq!(h.next(), Next::Idle, "a is suspended");
-        h.resume(PodUid::from("a"), true);
-        assert_eq!(h.next(), Next::Pod(PodUid::from("a"), Some(5)));
+        h.resume(PodUid::from("a"), false);
+        assert_eq!(
+            h.next(),
+            Next::Pod(
+                PodUid::from("a"),
+                Dirty {
+                    origin: Some(5),
+                    exits: [("init".into(), 5)].into()
+                }
+            ),
+            "the exit is still there, though the sync changed nothing"
+        );
         assert_eq!(h.next(), Next::Idle);
     }
 
     #[test]
-    fn a_full_relist_comes_first_and_hinted_pods_are_remembered() {
+    fn a_full_relist_comes_first_and_a_verification_makes_it_count() {
         let h = Hints::default();
         h.pod(PodUid::from("a"), None);
         h.full("lost events");
-        assert_eq!(h.next(), Next::Full("lost events".into()));
-        assert!(h.take_hinted().contains(&PodUid::from("a")));
-        assert!(
-            h.take_hinted().contains(&PodUid::from("a")),
-            "still dirty, so still counted"
+        h.verify();
+        assert_eq!(
+            h.next(),
+            Next::Full {
+                reason: "lost events".into(),
+                counting: true
+            }
+        );
+        assert_eq!(h.next(), Next::Pod(PodUid::from("a"), plain(None)));
+        h.retry_full("failed".into(), true);
+        assert_eq!(
+            h.next(),
+            Next::Full {
+                reason: "failed".into(),
+                counting: true
+            }
         );
     }
 
@@ -204,7 +330,7 @@ mod tests {
         h.pod(PodUid::from("b"), None);
         assert!(h.settled(&PodUid::from("a")));
         assert!(!h.settled(&PodUid::from("b")), "b has a hint");
-        assert_eq!(h.next(), Next::Pod(PodUid::from("b"), None));
+        assert_eq!(h.next(), Next::Pod(PodUid::from("b"), plain(None)));
         assert_eq!(h.next(), Next::Fresh(vec![(PodUid::from("a"), t1)]));
         assert_eq!(h.next(), Next::Idle);
         h.suspend(PodUid::from("a"));

@@ -108,13 +108,31 @@ fn diff(
     events
 }
 
-/// What a relist found.
+/// What a full relist found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Report {
     /// Pods whose listing changed.
     pub changed: Vec<PodUid>,
+    /// Of those, the pods the caller's `announced` check said no hint covered.
+    pub unannounced: Vec<PodUid>,
     /// Events sent (or discarded).
     pub events: usize,
+}
+
+/// One listing of the runtime, taken by [`Relister::list`].
+#[derive(Debug)]
+pub struct Listing {
+    start: Instant,
+    pods: BTreeMap<PodUid, RuntimePod>,
+}
+
+/// What a per-pod relist found.
+#[derive(Debug, Clone)]
+pub struct PodRelist {
+    /// Whether the pod's listing changed.
+    pub changed: bool,
+    /// The status now in the cache.
+    pub status: PodStatus,
 }
 
 /// The single writer of the pod cache.
@@ -189,15 +207,20 @@ impl Relister {
     }
 
     /// Lists everything, updates the cache for pods that changed, emits events,
-    /// and bumps the cache's global stamp. `hinted` says which pods had a hint
-    /// since the previous full relist; changes outside it are counted as missed.
+    /// and bumps the cache's global stamp ([`Relister::list`] then [`Relister::apply`]).
     ///
     /// # Errors
     /// The listing's CRI error; the health stamp is then not renewed (upstream).
-    pub async fn relist_all(
-        &mut self,
-        hinted: Option<&BTreeSet<PodUid>>,
-    ) -> Result<Report, evlet_cri::Error> {
+    pub async fn relist_all(&mut self) -> Result<Report, evlet_cri::Error> {
+        let listing = self.list().await?;
+        Ok(self.apply(listing, None).await)
+    }
+
+    /// Lists every sandbox and container: the first half of a full relist.
+    ///
+    /// # Errors
+    /// The listing's CRI error.
+    pub async fn list(&mut self) -> Result<Listing, evlet_cri::Error> {
         let start = Instant::now();
         if let Some(prev) = self.last_full {
             self.metrics
@@ -206,6 +229,19 @@ impl Relister {
         }
         self.last_full = Some(start);
         let pods = self.runtime.pods().await?;
+        Ok(Listing { start, pods })
+    }
+
+    /// Applies a listing: re-reads the pods whose listing changed into the
+    /// cache, emits their events, and stamps the cache and PLEG health with the
+    /// listing's start. With `announced`, a changed pod for which it returns
+    /// false is reported in [`Report::unannounced`].
+    pub async fn apply(
+        &mut self,
+        listing: Listing,
+        announced: Option<&(dyn Fn(&PodUid) -> bool + Sync)>,
+    ) -> Report {
+        let Listing { start, pods } = listing;
         self.update_gauges(&pods);
         let mut report = Report::default();
         let uids: BTreeSet<PodUid> = self.records.keys().chain(pods.keys()).cloned().collect();
@@ -222,9 +258,8 @@ impl Relister {
             }
             if changed {
                 report.changed.push(uid.clone());
-                if hinted.is_some_and(|h| !h.contains(&uid)) {
-                    self.metrics.pleg_missed_events.inc();
-                    tracing::warn!(pod = %uid, "a full relist found a change no hint announced (missed event)");
+                if announced.is_some_and(|announced| !announced(&uid)) {
+                    report.unannounced.push(uid.clone());
                 }
             }
             match pods.get(&uid) {
@@ -254,15 +289,14 @@ impl Relister {
         self.metrics
             .pleg_relist_duration
             .observe(start.elapsed().as_secs_f64());
-        Ok(report)
+        report
     }
 
     /// Re-reads one pod, updates its cache entry and emits its events.
-    /// Returns whether its listing changed.
     ///
     /// # Errors
     /// The CRI error (the pod's entry keeps its last good status).
-    pub async fn relist_pod(&mut self, uid: &PodUid) -> Result<bool, evlet_cri::Error> {
+    pub async fn relist_pod(&mut self, uid: &PodUid) -> Result<PodRelist, evlet_cri::Error> {
         let start = Instant::now();
         let status = self.update_cache(uid, start).await?;
         let record = record_from_status(&status);
@@ -289,7 +323,41 @@ impl Relister {
         self.metrics
             .pleg_pod_relist_duration
             .observe(start.elapsed().as_secs_f64());
-        Ok(changed)
+        Ok(PodRelist { changed, status })
+    }
+
+    /// Does the runtime show container (or sandbox) `id` of pod `uid` stopped
+    /// (exited, not ready, or gone)? One status call, no cache write: the cheap
+    /// poll of an exit the kernel reported before the runtime.
+    ///
+    /// # Errors
+    /// The CRI error of the status call (other than not-found).
+    pub async fn shows_stopped(&self, uid: &PodUid, id: &str) -> Result<bool, evlet_cri::Error> {
+        let client = &self.runtime.client;
+        if self
+            .records
+            .get(uid)
+            .is_some_and(|r| r.sandboxes.contains_key(id))
+        {
+            return match client
+                .pod_sandbox_status(&evlet_cri::SandboxId::new(id.to_owned()), false)
+                .await
+            {
+                Ok(resp) => Ok(resp.status.is_none_or(|s| {
+                    s.state != evlet_cri::api::PodSandboxState::SandboxReady as i32
+                })),
+                Err(e) if e.is_not_found() => Ok(true),
+                Err(e) => Err(e),
+            };
+        }
+        match client
+            .container_status(&evlet_cri::ContainerId::new(id.to_owned()))
+            .await
+        {
+            Ok(s) => Ok(stopped(Some(State::from_cri(s.state)))),
+            Err(e) if e.is_not_found() => Ok(true),
+            Err(e) => Err(e),
+        }
     }
 
     fn update_gauges(&self, pods: &BTreeMap<PodUid, RuntimePod>) {
@@ -334,6 +402,11 @@ impl Relister {
     pub fn known_pods(&self) -> impl Iterator<Item = &PodUid> {
         self.records.keys()
     }
+}
+
+/// Is a container in `state` (None: gone) stopped as far as an exit is concerned?
+pub fn stopped(state: Option<State>) -> bool {
+    matches!(state, None | Some(State::Exited))
 }
 
 #[cfg(test)]
