@@ -10,6 +10,7 @@
 //! * [`error`]: the single [`Error`] type; failures are classified in one place.
 //! * [`ids`]: [`SandboxId`] and [`ContainerId`] newtypes.
 //! * [`filter`]: builders for list filters.
+//! * [`retry`]: [`Retry`], the one retry policy of the client and the agent's loops.
 //! * [`fake`]: (feature `fake`) an in-process runtime over a temp Unix socket with
 //!   configurable latency and injectable faults.
 //!
@@ -21,6 +22,7 @@ pub mod error;
 pub mod fake;
 pub mod filter;
 pub mod ids;
+pub mod retry;
 
 /// The generated CRI v1 types, clients and servers.
 pub use k8s_cri::v1 as api;
@@ -29,3 +31,4 @@ pub use client::{ExecOutput, Options, RuntimeClient};
 pub use error::{Error, ErrorKind};
 pub use filter::{ContainerFilter, SandboxFilter};
 pub use ids::{ContainerId, SandboxId};
+pub use retry::Retry;
