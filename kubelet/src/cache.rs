@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::lock::lock;
 use crate::pod::PodUid;
 use crate::runtime::PodStatus;
 
@@ -67,10 +68,6 @@ pub fn new() -> (CacheWriter, PodCache) {
         },
         PodCache { shared },
     )
-}
-
-fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl CacheWriter {

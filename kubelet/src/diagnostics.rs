@@ -113,7 +113,7 @@ impl Event {
             pod: crate::pod::name(pod).into(),
             pod_uid: crate::pod::uid(pod).0,
             container: container.map(str::to_owned),
-            time: crate::status::now().0.to_string(),
+            time: crate::clock::now().0.to_string(),
         }
     }
 }
@@ -124,11 +124,11 @@ pub struct Diagnostics {
     ooms: Mutex<VecDeque<OomRecord>>,
     events: Mutex<VecDeque<Event>>,
     /// Where events also go (the API server's event recorder), if joined.
-    sink: std::sync::OnceLock<tokio::sync::mpsc::Sender<Event>>,
+    sink: Option<tokio::sync::mpsc::Sender<Event>>,
 }
 
 fn push<T>(q: &Mutex<VecDeque<T>>, v: T) {
-    let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
+    let mut q = crate::lock::lock(q);
     if q.len() >= KEEP {
         q.pop_front();
     }
@@ -136,6 +136,14 @@ fn push<T>(q: &Mutex<VecDeque<T>>, v: T) {
 }
 
 impl Diagnostics {
+    /// Records kept here, and events also sent to `sink` (API-server mode).
+    pub fn new(sink: Option<tokio::sync::mpsc::Sender<Event>>) -> Self {
+        Self {
+            sink,
+            ..Self::default()
+        }
+    }
+
     /// Records an OOM kill and the Warning event about it.
     pub fn oom(&self, record: OomRecord) {
         tracing::warn!(pod = %format!("{}/{}", record.namespace, record.pod), container = %record.container, "{}", record.message());
@@ -155,34 +163,19 @@ impl Diagnostics {
     /// Records an event (and hands it to the API recorder, if any; when that
     /// one is backed up the event stays local only).
     pub fn event(&self, event: Event) {
-        if let Some(sink) = self.sink.get() {
+        if let Some(sink) = &self.sink {
             let _ = sink.try_send(event.clone());
         }
         push(&self.events, event);
     }
 
-    /// Sends every later event to `sink` as well.
-    pub fn set_sink(&self, sink: tokio::sync::mpsc::Sender<Event>) {
-        let _ = self.sink.set(sink);
-    }
-
     /// Every kept OOM record, oldest first.
     pub fn ooms(&self) -> Vec<OomRecord> {
-        self.ooms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        crate::lock::lock(&self.ooms).iter().cloned().collect()
     }
 
     /// Every kept event, oldest first.
     pub fn events(&self) -> Vec<Event> {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        crate::lock::lock(&self.events).iter().cloned().collect()
     }
 }

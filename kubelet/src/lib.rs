@@ -5,7 +5,7 @@
 //! * [`source`]: pod sources (static manifest directory, manifest URL) and their
 //!   merge into ADD/UPDATE/REMOVE/RECONCILE ([`source::PodConfig`]).
 //! * [`validation`]: pod spec checks naming the field; [`quantity`]: resource quantities.
-//! * [`agent`]: wiring and the sync loop.
+//! * [`agent`]: wiring; [`sync_loop`]: upstream's `syncLoop`.
 //! * [`workers`]: one task per pod (sync → terminating → terminated).
 //! * [`sync`]: SyncPod over CRI: actions (pure), configs (pure), the executor.
 //! * [`backoff`]: CrashLoopBackOff and image pull backoff.
@@ -22,16 +22,22 @@ pub mod api;
 pub mod backoff;
 pub mod cache;
 pub mod cgroups;
+pub mod clock;
 pub mod config;
 pub mod diagnostics;
+pub mod health;
+pub mod lock;
+pub mod machine;
 pub mod metrics;
 pub mod pleg;
 pub mod pod;
 pub mod quantity;
+pub mod resources;
 pub mod runtime;
 pub mod server;
 pub mod source;
 pub mod status;
 pub mod sync;
+pub mod sync_loop;
 pub mod validation;
 pub mod workers;

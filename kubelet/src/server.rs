@@ -14,6 +14,7 @@ use axum::routing::get;
 use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::{Checks, NotReady};
 use crate::metrics::Metrics;
 use crate::pleg::Health;
 use crate::workers::PodWorkers;
@@ -33,21 +34,21 @@ pub struct Served {
     pub sources_ready: AtomicBool,
     /// OOM records and events.
     pub diagnostics: Arc<crate::diagnostics::Diagnostics>,
-    /// Extra health checks (e.g. the runtime), by name: `Err` is unhealthy.
-    pub checks: std::sync::Mutex<Vec<(String, Result<(), String>)>>,
+    /// Extra health checks (the runtime), by name.
+    pub checks: Arc<Checks>,
 }
 
 impl Served {
-    /// Is the node ready (PLEG healthy, every extra check passing)? `Err` says why,
-    /// in upstream's words where it has them.
-    pub fn ready(&self) -> Result<(), String> {
-        self.health
-            .check()
-            .map_err(|e| format!("PLEG is not healthy: {e}"))?;
-        for (name, check) in self.checks.lock().map(|c| c.clone()).unwrap_or_default() {
-            check.map_err(|e| format!("{name} is not healthy: {e}"))?;
-        }
-        Ok(())
+    /// Is the node ready (PLEG healthy, every extra check passing)?
+    ///
+    /// # Errors
+    /// [`NotReady`] naming the failing check, in upstream's words.
+    pub fn ready(&self) -> Result<(), NotReady> {
+        self.health.check().map_err(|problem| NotReady {
+            check: "PLEG",
+            problem,
+        })?;
+        self.checks.ready()
     }
 }
 
@@ -64,7 +65,7 @@ async fn healthz(State(s): State<Arc<Served>>) -> Response {
             ));
         }
     }
-    for (name, check) in s.checks.lock().map(|c| c.clone()).unwrap_or_default() {
+    for (name, check) in s.checks.results() {
         match check {
             Ok(()) => lines.push(format!("[+]{name} ok")),
             Err(e) => {

@@ -10,10 +10,19 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::clock::time_of as time;
 use crate::pod;
+use crate::resources::qos;
 use crate::runtime::{ContainerStatus, PodStatus, State};
-use crate::sync::Waiting;
-use crate::sync::spec::qos;
+
+/// Why a container is not running (becomes `state.waiting` in the pod status).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// `CrashLoopBackOff`, `ErrImagePull`, `ImagePullBackOff`, `CreateContainerConfigError`, ...
+    pub reason: String,
+    /// Details.
+    pub message: String,
+}
 
 /// Inputs beyond spec and runtime status.
 #[derive(Debug, Clone, Default)]
@@ -28,26 +37,6 @@ pub struct Extra<'a> {
     pub failed: bool,
     /// A reason that rejected the pod (admission): the phase is Failed with it.
     pub rejected: Option<(&'a str, &'a str)>,
-}
-
-fn time(unix_ns: i64) -> Option<Time> {
-    if unix_ns <= 0 {
-        return None;
-    }
-    let secs = unix_ns / 1_000_000_000;
-    let nanos = (unix_ns % 1_000_000_000) as i32;
-    k8s_openapi::jiff::Timestamp::new(secs, nanos)
-        .ok()
-        .map(Time)
-}
-
-/// The current time as an API `Time`.
-pub fn now() -> Time {
-    let ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0);
-    time(ns).unwrap_or(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
 }
 
 fn terminated(c: &ContainerStatus) -> ContainerStateTerminated {

@@ -18,20 +18,46 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::status::StatusManager;
 use crate::cache::PodCache;
+use crate::lock::lock;
 use crate::metrics::Metrics;
 use crate::pleg::hints::Hints;
 use crate::pod::{self, PodUid};
 use crate::runtime::PodStatus;
 use crate::status;
-use crate::sync::{SyncOutcome, Syncer, Waiting};
+use crate::status::Waiting;
+use crate::sync::{SyncOutcome, Syncer};
 
 /// Upstream's default `syncFrequency`: a pod with nothing to do is synced this
 /// often (±50 %). `Config::sync_frequency` sets it.
 pub const RESYNC: Duration = Duration::from_secs(60);
 /// Upstream's `backOffPeriod` for sync errors.
 pub const ERROR_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Where the statuses workers compute go beyond the local `/pods` view (the
+/// API server's status manager). Declared here, by its consumer.
+pub trait StatusSink: Send + Sync + std::fmt::Debug {
+    /// The newest status computed for `pod`.
+    fn set(&self, pod: &Pod, status: &V1PodStatus);
+}
+
+/// What the workers work with.
+#[derive(Debug, Clone)]
+pub struct Collaborators {
+    /// Carries out SyncPod and termination.
+    pub syncer: Arc<Syncer>,
+    /// The pod cache (read side).
+    pub cache: PodCache,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The hinted PLEG's hint set: a pod's relists wait while it syncs, and one
+    /// relist follows a sync that made runtime calls (invariant 4). None: generic.
+    pub hints: Option<Arc<Hints>>,
+    /// Where computed statuses also go (API-server mode).
+    pub status_sink: Option<Arc<dyn StatusSink>>,
+    /// Mean period of a pod's periodic sync (`syncFrequency`).
+    pub resync: Duration,
+}
 
 /// What an update asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +121,7 @@ struct Shared {
     /// Mean period of a pod's periodic sync.
     resync: Duration,
     /// Where computed statuses also go (API-server mode).
-    status_sink: std::sync::OnceLock<Arc<StatusManager>>,
+    status_sink: Option<Arc<dyn StatusSink>>,
     shutdown: CancellationToken,
 }
 
@@ -105,37 +131,29 @@ pub struct PodWorkers {
     shared: Arc<Shared>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn now_time() -> Time {
-    status::now()
+    crate::clock::now()
 }
 
 impl PodWorkers {
-    /// Workers syncing through `syncer`, reading `cache`. Finished pods are
-    /// reported on `done`; syncs suspend and then trigger relists through `hints` if given.
+    /// Workers working with `c`. Finished pods are reported on `done`; they
+    /// stop at `shutdown` (pods keep running).
     pub fn new(
-        syncer: Arc<Syncer>,
-        cache: PodCache,
-        metrics: Arc<Metrics>,
+        c: Collaborators,
         done: mpsc::UnboundedSender<PodUid>,
-        hints: Option<Arc<Hints>>,
-        resync: Duration,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
-                syncer,
-                cache,
-                metrics,
+                syncer: c.syncer,
+                cache: c.cache,
+                metrics: c.metrics,
                 workers: Mutex::new(HashMap::new()),
                 views: Mutex::new(BTreeMap::new()),
                 done,
-                hints,
-                resync,
-                status_sink: std::sync::OnceLock::new(),
+                hints: c.hints,
+                resync: c.resync,
+                status_sink: c.status_sink,
                 shutdown,
             }),
         }
@@ -161,9 +179,7 @@ impl PodWorkers {
                 cancel_sync: Arc::clone(&handle.cancel_sync),
                 phase: Arc::clone(&handle.phase),
             };
-            let fut = worker.run();
-            eprintln!("WORKER FUTURE SIZE {}", std::mem::size_of_val(&fut));
-            tokio::spawn(fut);
+            tokio::spawn(worker.run());
             handle
         });
         {
@@ -184,14 +200,9 @@ impl PodWorkers {
         handle.wake.notify_one();
     }
 
-    /// Sends every computed status to `manager` as well (API-server mode).
-    pub fn set_status_sink(&self, manager: Arc<StatusManager>) {
-        let _ = self.shared.status_sink.set(manager);
-    }
-
     /// Shows a pod that has no worker (rejected at admission) with `status`.
     pub fn set_view(&self, pod: Pod, status: V1PodStatus) {
-        if let Some(sink) = self.shared.status_sink.get() {
+        if let Some(sink) = &self.shared.status_sink {
             sink.set(&pod, &status);
         }
         lock(&self.shared.views).insert(
@@ -254,7 +265,7 @@ impl Worker {
 
     fn publish(&self, pod: &Pod, runtime: &PodStatus, extra: &status::Extra<'_>, phase: Phase) {
         let computed = status::compute(pod, runtime, extra);
-        if let Some(sink) = self.shared.status_sink.get() {
+        if let Some(sink) = &self.shared.status_sink {
             sink.set(pod, &computed);
         }
         lock(&self.shared.views).insert(

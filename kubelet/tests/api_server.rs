@@ -35,7 +35,13 @@ fn input(ready: Arc<AtomicBool>) -> NodeInput {
             if ready.load(Ordering::Relaxed) {
                 Ok(())
             } else {
-                Err("PLEG is not healthy: pleg was last seen active 3m0s ago".into())
+                Err(evlet::health::NotReady {
+                    check: "PLEG",
+                    problem: evlet::health::Unhealthy::PlegStale {
+                        ago: std::time::Duration::from_secs(180),
+                        threshold: std::time::Duration::from_secs(180),
+                    },
+                })
             }
         }),
     }

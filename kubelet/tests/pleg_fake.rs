@@ -16,8 +16,9 @@ use evlet::pleg::relist::Relister;
 use evlet::pod::{PodUid, labels};
 use evlet::runtime::Runtime;
 use evlet::sync::Syncer;
+use evlet::sync::objects::NoApiServer;
 use evlet::sync::spec::NodeContext;
-use evlet::workers::{PodWorkers, UpdateKind};
+use evlet::workers::{Collaborators, PodWorkers, UpdateKind};
 use evlet_cri::fake::FakeServer;
 use evlet_cri::{Options, RuntimeClient};
 use evlet_testkit::eventually;
@@ -128,12 +129,20 @@ async fn rig(exit_lag: Duration) -> Rig {
     };
     let (done_tx, _done) = mpsc::unbounded_channel();
     let workers = PodWorkers::new(
-        Arc::new(Syncer::new(client, node)),
-        reader,
-        Arc::clone(&metrics),
+        Collaborators {
+            syncer: Arc::new(Syncer::new(
+                client,
+                node,
+                Arc::new(NoApiServer),
+                Arc::new(evlet::diagnostics::Diagnostics::default()),
+            )),
+            cache: reader,
+            metrics: Arc::clone(&metrics),
+            hints: Some(Arc::clone(&hints)),
+            status_sink: None,
+            resync: evlet::workers::RESYNC,
+        },
         done_tx,
-        Some(Arc::clone(&hints)),
-        evlet::workers::RESYNC,
         shutdown.clone(),
     );
     // A minimal sync loop: every PLEG event wakes the pod's worker.

@@ -12,8 +12,9 @@ use evlet::pleg::{Health, generic};
 use evlet::pod::PodUid;
 use evlet::runtime::Runtime;
 use evlet::sync::Syncer;
+use evlet::sync::objects::NoApiServer;
 use evlet::sync::spec::NodeContext;
-use evlet::workers::{PodWorkers, UpdateKind};
+use evlet::workers::{Collaborators, PodWorkers, UpdateKind};
 use evlet_cri::fake::{FakeServer, Fault};
 use evlet_cri::{Options, RuntimeClient};
 use evlet_testkit::{eventually, within};
@@ -68,12 +69,20 @@ async fn rig() -> Rig {
     };
     let (done_tx, done) = mpsc::unbounded_channel();
     let workers = PodWorkers::new(
-        Arc::new(Syncer::new(client, node)),
-        reader,
-        metrics,
+        Collaborators {
+            syncer: Arc::new(Syncer::new(
+                client,
+                node,
+                Arc::new(NoApiServer),
+                Arc::new(evlet::diagnostics::Diagnostics::default()),
+            )),
+            cache: reader,
+            metrics,
+            hints: None,
+            status_sink: None,
+            resync: evlet::workers::RESYNC,
+        },
         done_tx,
-        None,
-        evlet::workers::RESYNC,
         shutdown.clone(),
     );
     // A minimal sync loop: every PLEG event wakes the pod's worker.

@@ -5,10 +5,9 @@
 //! Static pods are not admitted here: upstream treats them as critical and
 //! makes room for them instead of rejecting them.
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
-use crate::pod;
-use crate::quantity;
+use crate::resources::pod_requests;
 
 /// What the node can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,52 +29,6 @@ pub struct Rejection {
     pub message: String,
 }
 
-/// A pod's effective requests (millicores, bytes): the larger of the app
-/// containers plus sidecars, and any one init container (upstream's
-/// `PodRequests` without overhead).
-pub fn requests(pod: &Pod) -> (i64, i64) {
-    let Some(spec) = pod.spec.as_ref() else {
-        return (0, 0);
-    };
-    let of = |c: &Container, name: &str, milli: bool| -> i64 {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get(name))
-            .and_then(|q| {
-                if milli {
-                    quantity::parse_milli(&q.0).ok()
-                } else {
-                    quantity::parse(&q.0).ok()
-                }
-            })
-            .unwrap_or(0)
-    };
-    let mut cpu: i64 = 0;
-    let mut mem: i64 = 0;
-    let mut init_cpu: i64 = 0;
-    let mut init_mem: i64 = 0;
-    let mut sidecar_cpu: i64 = 0;
-    let mut sidecar_mem: i64 = 0;
-    for c in spec.init_containers.iter().flatten() {
-        if pod::is_restartable_init(c) {
-            sidecar_cpu = sidecar_cpu.saturating_add(of(c, "cpu", true));
-            sidecar_mem = sidecar_mem.saturating_add(of(c, "memory", false));
-        } else {
-            init_cpu = init_cpu.max(sidecar_cpu.saturating_add(of(c, "cpu", true)));
-            init_mem = init_mem.max(sidecar_mem.saturating_add(of(c, "memory", false)));
-        }
-    }
-    for c in &spec.containers {
-        cpu = cpu.saturating_add(of(c, "cpu", true));
-        mem = mem.saturating_add(of(c, "memory", false));
-    }
-    (
-        cpu.saturating_add(sidecar_cpu).max(init_cpu),
-        mem.saturating_add(sidecar_mem).max(init_mem),
-    )
-}
-
 /// What the admitted, not terminated pods request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -92,7 +45,7 @@ impl Usage {
     pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
         let mut usage = Self::default();
         for p in pods {
-            usage.add(requests(p));
+            usage.add(pod_requests(p));
         }
         usage
     }
@@ -111,7 +64,7 @@ impl Usage {
 /// The first resource that does not fit, in upstream's order: pods, cpu, memory.
 pub fn admit(pod: &Pod, used: &mut Usage, node: &Allocatable) -> Result<(), Rejection> {
     let (used_cpu, used_mem, used_pods) = (used.cpu_milli, used.memory, used.pods);
-    let (cpu, mem) = requests(pod);
+    let (cpu, mem) = pod_requests(pod);
     let reject = |resource: &str, reason: &str, requested: i64, used: i64, capacity: i64| {
         Err(Rejection {
             reason: reason.into(),
@@ -195,6 +148,6 @@ mod tests {
             }
         }))
         .expect("pod");
-        assert_eq!(requests(&p).0, 1500);
+        assert_eq!(pod_requests(&p).0, 1500);
     }
 }

@@ -65,7 +65,7 @@ fn time(rfc3339: &str) -> Time {
     rfc3339
         .parse()
         .map(Time)
-        .unwrap_or_else(|_| crate::status::now())
+        .unwrap_or_else(|_| crate::clock::now())
 }
 
 /// The Event object for `e`, first seen now.

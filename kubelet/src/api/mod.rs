@@ -6,6 +6,7 @@
 //! * [`status`]: the status manager (versioned, coalesced `pods/status` patches, the
 //!   final delete of terminated pods).
 //! * [`mirror`]: mirror pods of static pods.
+//! * [`objects`]: ConfigMaps and Secrets for container environments.
 //! * [`events`]: Kubernetes Events (aggregated repeats, per-pod rate limit).
 //! * [`ratelimit`]: client-side QPS/burst (upstream's 50/100).
 //! * [`admission`]: resource and pod-count admission with upstream's reasons.
@@ -18,6 +19,7 @@ pub mod admission;
 pub mod events;
 pub mod mirror;
 pub mod node;
+pub mod objects;
 pub mod pods;
 pub mod ratelimit;
 pub mod status;
@@ -155,6 +157,46 @@ impl Backoff {
             self.reset();
             period
         }
+    }
+}
+
+/// Registers the node, then keeps its status, its lease and the mirror pods.
+pub async fn run_node(
+    client: kube::Client,
+    input: node::NodeInput,
+    statics: tokio::sync::watch::Receiver<mirror::Statics>,
+    mirrors: tokio::sync::watch::Receiver<pods::Mirrors>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let Some(node) = node::register(&client, &input, &shutdown).await else {
+        return;
+    };
+    let uid = node.metadata.uid.clone();
+    tokio::spawn(node::run_lease(
+        client.clone(),
+        input.name.clone(),
+        uid.clone(),
+        shutdown.child_token(),
+    ));
+    tokio::spawn(mirror::run(
+        client.clone(),
+        input.name.clone(),
+        uid,
+        statics,
+        mirrors,
+        shutdown.child_token(),
+    ));
+    node::run_status(client, input, node, shutdown).await;
+}
+
+/// Tells the status manager which mirror pods exist.
+pub async fn forward_mirrors(
+    mut mirrors: tokio::sync::watch::Receiver<pods::Mirrors>,
+    manager: std::sync::Arc<status::StatusManager>,
+) {
+    while mirrors.changed().await.is_ok() {
+        let current = mirrors.borrow_and_update().clone();
+        manager.set_mirrors(&current);
     }
 }
 

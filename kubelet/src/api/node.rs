@@ -18,6 +18,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
 use super::{Backoff, is_conflict, is_not_found};
+use crate::health::NotReady;
+use crate::machine::Machine;
 
 /// Upstream's `nodeStatusUpdateFrequency`.
 pub const STATUS_UPDATE: Duration = Duration::from_secs(10);
@@ -36,7 +38,7 @@ const NODEFS_AVAILABLE_MIN_PERCENT: u64 = 10;
 const PIDS_AVAILABLE_MIN_PERCENT: u64 = 10;
 
 /// Is the node ready? `Err` carries the reason (runtime down, PLEG unhealthy).
-pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+pub type Readiness = Arc<dyn Fn() -> Result<(), NotReady> + Send + Sync>;
 
 /// What the node reports about itself.
 #[derive(Clone)]
@@ -68,64 +70,6 @@ impl std::fmt::Debug for NodeInput {
             .field("max_pods", &self.max_pods)
             .finish_non_exhaustive()
     }
-}
-
-/// What the node has, read from the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Machine {
-    /// Online CPUs.
-    pub cpus: u64,
-    /// `MemTotal` in bytes.
-    pub memory: u64,
-    /// `MemAvailable` in bytes.
-    pub memory_available: u64,
-    /// Size of the root directory's filesystem in bytes.
-    pub disk: u64,
-    /// Bytes available to unprivileged users there.
-    pub disk_available: u64,
-    /// `kernel.pid_max`.
-    pub pid_max: u64,
-    /// Processes running now.
-    pub pids: u64,
-}
-
-impl Machine {
-    /// Reads the machine (procfs, statvfs). Missing values read as 0.
-    pub fn read(root_dir: &std::path::Path) -> Self {
-        use procfs::Current as _;
-        let meminfo = procfs::Meminfo::current().ok();
-        let (disk, disk_available) = statvfs(root_dir).unwrap_or((0, 0));
-        Self {
-            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
-            memory: meminfo.as_ref().map_or(0, |m| m.mem_total),
-            memory_available: meminfo.as_ref().and_then(|m| m.mem_available).unwrap_or(0),
-            disk,
-            disk_available,
-            pid_max: std::fs::read_to_string("/proc/sys/kernel/pid_max")
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(32768),
-            pids: procfs::LoadAverage::current().map_or(0, |l| u64::from(l.max)),
-        }
-    }
-}
-
-fn statvfs(path: &std::path::Path) -> Option<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid C string and `st` a buffer of the right type.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so it filled the buffer.
-    let st = unsafe { st.assume_init() };
-    let frsize = st.f_frsize;
-    Some((
-        st.f_blocks.saturating_mul(frsize),
-        st.f_bavail.saturating_mul(frsize),
-    ))
 }
 
 fn os_image() -> String {
@@ -221,7 +165,7 @@ fn condition(
     } else {
         "False"
     };
-    let now = crate::status::now();
+    let now = crate::clock::now();
     let transition = previous
         .filter(|p| p.status == status)
         .and_then(|p| p.last_transition_time.clone())
@@ -255,7 +199,7 @@ pub fn status(input: &NodeInput, machine: &Machine, previous: Option<&NodeStatus
         .then(|| format!("nodefs.available is below {NODEFS_AVAILABLE_MIN_PERCENT}%"));
     let pids = (machine.pids * 100 > machine.pid_max * (100 - PIDS_AVAILABLE_MIN_PERCENT))
         .then(|| format!("pid.available is below {PIDS_AVAILABLE_MIN_PERCENT}%"));
-    let ready = (input.ready)().err();
+    let ready = (input.ready)().err().map(|e| e.to_string());
     let conditions = vec![
         condition(
             "MemoryPressure",
@@ -477,7 +421,7 @@ fn lease_for(name: &str, node_uid: Option<&str>) -> Lease {
         spec: Some(LeaseSpec {
             holder_identity: Some(name.to_owned()),
             lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
-            renew_time: Some(MicroTime(crate::status::now().0)),
+            renew_time: Some(MicroTime(crate::clock::now().0)),
             ..Default::default()
         }),
     }
@@ -534,7 +478,7 @@ async fn renew(leases: &Api<Lease>, name: &str, mut lease: Lease) -> Result<Leas
     let spec = lease.spec.get_or_insert_with(Default::default);
     spec.holder_identity = Some(name.to_owned());
     spec.lease_duration_seconds = Some(LEASE_DURATION_SECONDS);
-    spec.renew_time = Some(MicroTime(crate::status::now().0));
+    spec.renew_time = Some(MicroTime(crate::clock::now().0));
     leases.replace(name, &PostParams::default(), &lease).await
 }
 
@@ -542,7 +486,7 @@ async fn renew(leases: &Api<Lease>, name: &str, mut lease: Lease) -> Result<Leas
 mod tests {
     use super::*;
 
-    fn input(ready: Result<(), String>) -> NodeInput {
+    fn input(ready: Result<(), NotReady>) -> NodeInput {
         NodeInput {
             name: "n1".into(),
             node_ip: Some("10.0.0.5".into()),
@@ -595,9 +539,13 @@ mod tests {
     fn an_unhealthy_pleg_makes_the_node_not_ready_with_the_reason() {
         let ok = status(&input(Ok(())), &MACHINE, None);
         let bad = status(
-            &input(Err(
-                "PLEG is not healthy: pleg was last seen active 4m ago".into()
-            )),
+            &input(Err(NotReady {
+                check: "PLEG",
+                problem: crate::health::Unhealthy::PlegStale {
+                    ago: Duration::from_secs(240),
+                    threshold: Duration::from_secs(180),
+                },
+            })),
             &MACHINE,
             Some(&ok),
         );

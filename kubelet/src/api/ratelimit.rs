@@ -96,11 +96,7 @@ where
     }
 
     fn call(&mut self, req: R) -> Self::Future {
-        let wait = self
-            .bucket
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .reserve(Instant::now());
+        let wait = crate::lock::lock(&self.bucket).reserve(Instant::now());
         // The inner future does nothing until polled, so the request leaves
         // only once its token is due.
         let fut = self.inner.call(req);

@@ -67,7 +67,7 @@ pub struct StatusManager {
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    crate::lock::lock(m)
 }
 
 fn terminal(status: &V1PodStatus) -> bool {
@@ -88,6 +88,12 @@ pub fn patch_body(uid: &str, status: &V1PodStatus) -> serde_json::Value {
         obj.insert("$setElementOrder/conditions".into(), order.into());
     }
     serde_json::json!({"metadata": {"uid": uid}, "status": status})
+}
+
+impl crate::workers::StatusSink for StatusManager {
+    fn set(&self, pod: &Pod, status: &V1PodStatus) {
+        StatusManager::set(self, pod, status);
+    }
 }
 
 impl StatusManager {

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::hints::Hints;
 use crate::cache::PodCache;
 use crate::diagnostics::{Diagnostics, OomRecord};
+use crate::lock::lock;
 use crate::metrics::{Metrics, OomLabel};
 use crate::pod::PodUid;
 
@@ -223,10 +224,6 @@ pub struct EbpfSource {
     reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
     stall: Arc<Mutex<Option<Duration>>>,
     quiet: Arc<Quiet>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Shared by the reader task.
@@ -563,7 +560,7 @@ fn handle(ctx: &Ctx, event: Event) {
                 shmem_rss_kb: o.rss.map(|r| r.shmem_rss_kb),
                 total_vm_kb: o.rss.map(|r| r.total_vm_kb),
                 oom_score_adj: o.oom_score_adj,
-                time: crate::status::now().0.to_string(),
+                time: crate::clock::now().0.to_string(),
             });
             ctx.hints.pod(owner.uid, Some(o.origin.ktime_ns));
         }

@@ -85,7 +85,7 @@ pub enum Next {
 
 impl Hints {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock::lock(&self.inner)
     }
 
     fn add(&self, uid: PodUid, dirty: Dirty) {

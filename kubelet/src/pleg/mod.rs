@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::health::Unhealthy;
 use crate::pod::PodUid;
 
 /// Upstream's PLEG event types.
@@ -74,22 +75,21 @@ impl Health {
 
     /// Records a successful full relist at `at`.
     pub fn record(&self, at: Instant) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+        *crate::lock::lock(&self.last) = Some(at);
     }
 
-    /// `Ok` if a full relist succeeded within the threshold; the error says why not.
+    /// `Ok` if a full relist succeeded within the threshold.
     ///
     /// # Errors
     /// Upstream's wording: "pleg has yet to be successful" or "pleg was last seen active ...".
-    pub fn check(&self) -> Result<(), String> {
-        let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn check(&self) -> Result<(), Unhealthy> {
+        let last = *crate::lock::lock(&self.last);
         match last {
-            None => Err("pleg has yet to be successful".into()),
-            Some(t) if t.elapsed() > self.threshold => Err(format!(
-                "pleg was last seen active {:?} ago; threshold is {:?}",
-                t.elapsed(),
-                self.threshold
-            )),
+            None => Err(Unhealthy::PlegNotYet),
+            Some(t) if t.elapsed() > self.threshold => Err(Unhealthy::PlegStale {
+                ago: t.elapsed(),
+                threshold: self.threshold,
+            }),
             Some(_) => Ok(()),
         }
     }

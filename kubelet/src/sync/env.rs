@@ -25,14 +25,29 @@ pub fn supported_field_path(path: &str) -> bool {
 }
 
 /// Facts known only at run time.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Runtime<'a> {
     /// The pod IP (the sandbox exists before containers start).
     pub pod_ip: Option<&'a str>,
     /// The node's IP.
     pub host_ip: Option<&'a str>,
-    /// ConfigMaps and Secrets fetched from the API server (None: standalone).
-    pub objects: Option<&'a ApiObjects>,
+    /// The ConfigMaps and Secrets the container refers to (see [`super::objects`]).
+    pub objects: &'a ApiObjects,
+}
+
+static NO_OBJECTS: ApiObjects = ApiObjects {
+    config_maps: BTreeMap::new(),
+    secrets: BTreeMap::new(),
+};
+
+impl Default for Runtime<'_> {
+    fn default() -> Self {
+        Self {
+            pod_ip: None,
+            host_ip: None,
+            objects: &NO_OBJECTS,
+        }
+    }
 }
 
 /// The ConfigMaps and Secrets a container refers to, as fetched from the API
@@ -45,8 +60,24 @@ pub struct ApiObjects {
     pub secrets: BTreeMap<String, BTreeMap<String, String>>,
 }
 
+/// The ConfigMaps and Secrets a container's environment names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct References {
+    /// ConfigMap names.
+    pub config_maps: BTreeSet<String>,
+    /// Secret names.
+    pub secrets: BTreeSet<String>,
+}
+
+impl References {
+    /// Names nothing.
+    pub fn is_empty(&self) -> bool {
+        self.config_maps.is_empty() && self.secrets.is_empty()
+    }
+}
+
 /// Names of the ConfigMaps and Secrets `c`'s environment refers to.
-pub fn references(c: &Container) -> (BTreeSet<String>, BTreeSet<String>) {
+pub fn references(c: &Container) -> References {
     let (mut cms, mut secrets) = (BTreeSet::new(), BTreeSet::new());
     for from in c.env_from.iter().flatten() {
         if let Some(r) = &from.config_map_ref {
@@ -66,55 +97,110 @@ pub fn references(c: &Container) -> (BTreeSet<String>, BTreeSet<String>) {
             }
         }
     }
-    (cms, secrets)
+    References {
+        config_maps: cms,
+        secrets,
+    }
 }
 
-/// One ConfigMap or Secret lookup, with upstream's error messages.
-/// `Ok(None)`: absent and optional.
-fn lookup<'o>(
-    pod: &Pod,
-    objects: Option<&'o ApiObjects>,
-    secret: bool,
-    name: &str,
-    optional: bool,
-) -> Result<Option<&'o BTreeMap<String, String>>, String> {
-    let (kind, lower) = if secret {
-        ("secretKeyRef", "secret")
-    } else {
-        ("configMapKeyRef", "configmap")
-    };
-    let Some(objects) = objects else {
-        return if optional {
-            Ok(None)
-        } else {
-            Err(format!(
-                "{kind} {name} needs the API server (not configured)"
-            ))
-        };
-    };
-    let map = if secret {
-        &objects.secrets
-    } else {
-        &objects.config_maps
-    };
-    match map.get(name) {
-        Some(data) => Ok(Some(data)),
-        None if optional => Ok(None),
-        None => Err(format!(
-            "{lower} \"{name}\" not found (namespace {})",
-            crate::pod::namespace(pod)
-        )),
+/// A ConfigMap or a Secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    /// A ConfigMap.
+    ConfigMap,
+    /// A Secret.
+    Secret,
+}
+
+impl ObjectKind {
+    /// `ConfigMap` or `Secret`, as in upstream's "couldn't find key" message.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::ConfigMap => "ConfigMap",
+            ObjectKind::Secret => "Secret",
+        }
     }
+
+    /// `configmap` or `secret`, as in the API server's not-found message.
+    pub fn lower(self) -> &'static str {
+        match self {
+            ObjectKind::ConfigMap => "configmap",
+            ObjectKind::Secret => "secret",
+        }
+    }
+}
+
+/// What is wrong with one variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// A ConfigMap or Secret that is not optional does not exist.
+    #[error("{} \"{name}\" not found (namespace {namespace})", kind.lower())]
+    NotFound {
+        /// ConfigMap or Secret.
+        kind: ObjectKind,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// A key that is not optional is missing from its ConfigMap or Secret.
+    #[error("couldn't find key {key} in {} {namespace}/{name}", kind.as_str())]
+    MissingKey {
+        /// ConfigMap or Secret.
+        kind: ObjectKind,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The key.
+        key: String,
+    },
+    /// A `fieldRef` path the downward API does not offer.
+    #[error("unsupported fieldRef {0:?}")]
+    UnsupportedField(String),
+    /// A `resourceFieldRef` resource the downward API does not offer.
+    #[error("unsupported resource {0:?}")]
+    UnsupportedResource(String),
+    /// A resource value or divisor that is not a quantity.
+    #[error(transparent)]
+    Quantity(#[from] quantity::InvalidQuantity),
+    /// A divisor of zero.
+    #[error("divisor must not be 0")]
+    ZeroDivisor,
 }
 
 /// Why an env var could not be computed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("env var {name}: {message}")]
+#[error("env var {name}: {problem}")]
 pub struct EnvError {
-    /// The variable.
+    /// The variable (`envFrom <name>` for a whole ConfigMap or Secret).
     pub name: String,
     /// What is wrong.
-    pub message: String,
+    #[source]
+    pub problem: Problem,
+}
+
+/// One ConfigMap or Secret lookup. `Ok(None)`: absent and optional.
+fn lookup<'o>(
+    pod: &Pod,
+    objects: &'o ApiObjects,
+    kind: ObjectKind,
+    name: &str,
+    optional: bool,
+) -> Result<Option<&'o BTreeMap<String, String>>, Problem> {
+    let map = match kind {
+        ObjectKind::Secret => &objects.secrets,
+        ObjectKind::ConfigMap => &objects.config_maps,
+    };
+    match map.get(name) {
+        Some(data) => Ok(Some(data)),
+        None if optional => Ok(None),
+        None => Err(Problem::NotFound {
+            kind,
+            namespace: crate::pod::namespace(pod).to_owned(),
+            name: name.to_owned(),
+        }),
+    }
 }
 
 fn field(pod: &Pod, path: &str, rt: &Runtime<'_>) -> Option<String> {
@@ -147,32 +233,31 @@ fn field(pod: &Pod, path: &str, rt: &Runtime<'_>) -> Option<String> {
     }
 }
 
-fn resource(c: &Container, resource: &str, divisor: Option<&str>) -> Result<String, String> {
-    let (kind, name) = resource
-        .split_once('.')
-        .ok_or_else(|| format!("unsupported resource {resource:?}"))?;
+fn resource(c: &Container, resource: &str, divisor: Option<&str>) -> Result<String, Problem> {
+    let unsupported = || Problem::UnsupportedResource(resource.to_owned());
+    let (kind, name) = resource.split_once('.').ok_or_else(unsupported)?;
     let res = c.resources.as_ref();
     let list = match kind {
         "limits" => res.and_then(|r| r.limits.as_ref()),
         "requests" => res.and_then(|r| r.requests.as_ref()),
-        _ => return Err(format!("unsupported resource {resource:?}")),
+        _ => return Err(unsupported()),
     };
     let q = list.and_then(|l| l.get(name)).map(|q| q.0.as_str());
     let cpu = name == "cpu";
     let value = match q {
-        Some(q) if cpu => quantity::parse_milli(q).map_err(|e| e.to_string())?,
-        Some(q) => quantity::parse(q).map_err(|e| e.to_string())?,
+        Some(q) if cpu => quantity::parse_milli(q)?,
+        Some(q) => quantity::parse(q)?,
         // Upstream falls back to node allocatable for unset limits; report 0 here.
         None => 0,
     };
     let div = match divisor {
-        Some(d) if cpu => quantity::parse_milli(d).map_err(|e| e.to_string())?,
-        Some(d) => quantity::parse(d).map_err(|e| e.to_string())?,
+        Some(d) if cpu => quantity::parse_milli(d)?,
+        Some(d) => quantity::parse(d)?,
         None if cpu => 1000,
         None => 1,
     };
     if div == 0 {
-        return Err("divisor must not be 0".into());
+        return Err(Problem::ZeroDivisor);
     }
     Ok(((value + div - 1) / div).to_string())
 }
@@ -181,8 +266,8 @@ fn resource(c: &Container, resource: &str, divisor: Option<&str>) -> Result<Stri
 /// earlier variables expanded (as upstream).
 ///
 /// # Errors
-/// [`EnvError`] for a reference that needs the API server (ConfigMaps,
-/// Secrets) and is not optional, or an unsupported field.
+/// [`EnvError`] for a ConfigMap or Secret (or a key of one) that is missing
+/// and not optional, or an unsupported field or resource.
 pub fn build(
     pod: &Pod,
     c: &Container,
@@ -195,18 +280,18 @@ pub fn build(
         let source = from
             .config_map_ref
             .as_ref()
-            .map(|r| (false, &r.name, r.optional == Some(true)))
+            .map(|r| (ObjectKind::ConfigMap, &r.name, r.optional == Some(true)))
             .or_else(|| {
                 from.secret_ref
                     .as_ref()
-                    .map(|r| (true, &r.name, r.optional == Some(true)))
+                    .map(|r| (ObjectKind::Secret, &r.name, r.optional == Some(true)))
             });
-        let Some((secret, name, optional)) = source else {
+        let Some((kind, name, optional)) = source else {
             continue;
         };
-        let data = lookup(pod, rt.objects, secret, name, optional).map_err(|message| EnvError {
+        let data = lookup(pod, rt.objects, kind, name, optional).map_err(|problem| EnvError {
             name: format!("envFrom {name}"),
-            message,
+            problem,
         })?;
         for (k, v) in data.into_iter().flatten() {
             let key = format!("{prefix}{k}");
@@ -215,39 +300,51 @@ pub fn build(
         }
     }
     for var in c.env.iter().flatten() {
-        let err = |message: String| EnvError {
+        let err = |problem: Problem| EnvError {
             name: var.name.clone(),
-            message,
+            problem,
         };
         let value = if let Some(from) = &var.value_from {
             if let Some(f) = &from.field_ref {
                 field(pod, &f.field_path, rt)
-                    .ok_or_else(|| err(format!("unsupported fieldRef {:?}", f.field_path)))?
+                    .ok_or_else(|| err(Problem::UnsupportedField(f.field_path.clone())))?
             } else if let Some(r) = &from.resource_field_ref {
                 resource(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str())).map_err(err)?
-            } else if let Some((secret, name, key, optional)) = from
+            } else if let Some((kind, name, key, optional)) = from
                 .config_map_key_ref
                 .as_ref()
-                .map(|r| (false, &r.name, &r.key, r.optional == Some(true)))
+                .map(|r| {
+                    (
+                        ObjectKind::ConfigMap,
+                        &r.name,
+                        &r.key,
+                        r.optional == Some(true),
+                    )
+                })
                 .or_else(|| {
-                    from.secret_key_ref
-                        .as_ref()
-                        .map(|r| (true, &r.name, &r.key, r.optional == Some(true)))
+                    from.secret_key_ref.as_ref().map(|r| {
+                        (
+                            ObjectKind::Secret,
+                            &r.name,
+                            &r.key,
+                            r.optional == Some(true),
+                        )
+                    })
                 })
             {
-                let Some(data) = lookup(pod, rt.objects, secret, name, optional).map_err(err)?
-                else {
+                let Some(data) = lookup(pod, rt.objects, kind, name, optional).map_err(err)? else {
                     continue;
                 };
                 match data.get(key) {
                     Some(v) => v.clone(),
                     None if optional => continue,
                     None => {
-                        return Err(err(format!(
-                            "couldn't find key {key} in {} {}/{name}",
-                            if secret { "Secret" } else { "ConfigMap" },
-                            crate::pod::namespace(pod)
-                        )));
+                        return Err(err(Problem::MissingKey {
+                            kind,
+                            namespace: crate::pod::namespace(pod).to_owned(),
+                            name: name.clone(),
+                            key: key.clone(),
+                        }));
                     }
                 }
             } else {
@@ -315,8 +412,7 @@ mod tests {
             c,
             &Runtime {
                 pod_ip: Some("10.0.0.7"),
-                host_ip: None,
-                objects: None,
+                ..Default::default()
             },
         )
         .expect("env");
@@ -334,13 +430,13 @@ mod tests {
     }
 
     #[test]
-    fn secret_refs_without_an_api_server_name_the_variable() {
+    fn a_missing_secret_names_the_variable() {
         let p: Pod = serde_yaml::from_str(
             "metadata: {name: s}\nspec:\n  containers:\n  - name: app\n    image: i\n    env:\n    - name: PW\n      valueFrom: {secretKeyRef: {name: db, key: pw}}\n",
         )
         .expect("pod");
         let c = &p.spec.as_ref().expect("spec").containers[0];
-        let err = build(&p, c, &Runtime::default()).expect_err("no API");
+        let err = build(&p, c, &Runtime::default()).expect_err("no secret");
         assert_eq!(err.name, "PW");
     }
 
@@ -351,9 +447,15 @@ mod tests {
         )
         .expect("pod");
         let c = &p.spec.as_ref().expect("spec").containers[0];
-        let (cms, secrets) = references(c);
-        assert_eq!(cms.into_iter().collect::<Vec<_>>(), ["settings"]);
-        assert_eq!(secrets.into_iter().collect::<Vec<_>>(), ["absent", "db"]);
+        let refs = references(c);
+        assert_eq!(
+            refs.config_maps.into_iter().collect::<Vec<_>>(),
+            ["settings"]
+        );
+        assert_eq!(
+            refs.secrets.into_iter().collect::<Vec<_>>(),
+            ["absent", "db"]
+        );
         let objects = ApiObjects {
             config_maps: [(
                 "settings".to_owned(),
@@ -369,7 +471,7 @@ mod tests {
             .into(),
         };
         let rt = Runtime {
-            objects: Some(&objects),
+            objects: &objects,
             ..Default::default()
         };
         let env = build(&p, c, &rt).expect("env");
@@ -381,13 +483,15 @@ mod tests {
 
         let none = ApiObjects::default();
         let rt = Runtime {
-            objects: Some(&none),
+            objects: &none,
             ..Default::default()
         };
         let err = build(&p, c, &rt).expect_err("settings missing");
         assert_eq!(err.name, "envFrom settings");
         assert!(
-            err.message.contains("configmap \"settings\" not found"),
+            err.problem
+                .to_string()
+                .contains("configmap \"settings\" not found"),
             "{err}"
         );
         let no_key = ApiObjects {
@@ -395,11 +499,14 @@ mod tests {
             config_maps: [("settings".to_owned(), BTreeMap::new())].into(),
         };
         let rt = Runtime {
-            objects: Some(&no_key),
+            objects: &no_key,
             ..Default::default()
         };
         let err = build(&p, c, &rt).expect_err("key missing");
         assert_eq!(err.name, "PW");
-        assert_eq!(err.message, "couldn't find key pw in Secret prod/db");
+        assert_eq!(
+            err.problem.to_string(),
+            "couldn't find key pw in Secret prod/db"
+        );
     }
 }

@@ -11,7 +11,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::env;
 use crate::pod::{self, labels};
-use crate::quantity;
+use crate::resources::{self, List, Qos, qos};
 use crate::runtime::Kind;
 
 /// Node-level facts the configs need.
@@ -27,71 +27,6 @@ pub struct NodeContext {
     pub host_ip: Option<String>,
     /// Node memory capacity in bytes (for Burstable `oom_score_adj`).
     pub memory_capacity: i64,
-}
-
-/// A pod's Quality of Service class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Qos {
-    /// Every container has CPU and memory limits equal to its requests.
-    Guaranteed,
-    /// Some requests or limits.
-    Burstable,
-    /// No requests or limits at all.
-    BestEffort,
-}
-
-impl Qos {
-    /// The class name as in `status.qosClass`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Qos::Guaranteed => "Guaranteed",
-            Qos::Burstable => "Burstable",
-            Qos::BestEffort => "BestEffort",
-        }
-    }
-}
-
-fn resource_values(c: &Container, kind: &str) -> (Option<i64>, Option<i64>) {
-    let list = c.resources.as_ref().and_then(|r| {
-        if kind == "limits" {
-            r.limits.as_ref()
-        } else {
-            r.requests.as_ref()
-        }
-    });
-    let cpu = list
-        .and_then(|l| l.get("cpu"))
-        .and_then(|q| quantity::parse_milli(&q.0).ok());
-    let mem = list
-        .and_then(|l| l.get("memory"))
-        .and_then(|q| quantity::parse(&q.0).ok());
-    (cpu, mem)
-}
-
-/// Upstream's QoS classification (requests default to limits).
-pub fn qos(pod: &Pod) -> Qos {
-    let Some(spec) = &pod.spec else {
-        return Qos::BestEffort;
-    };
-    let all: Vec<&Container> = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .collect();
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in all {
-        let (lc, lm) = resource_values(c, "limits");
-        let (rc, rm) = resource_values(c, "requests");
-        let (rc, rm) = (rc.or(lc), rm.or(lm));
-        any |= lc.is_some() || lm.is_some() || rc.is_some() || rm.is_some();
-        guaranteed &= lc.is_some() && lm.is_some() && rc == lc && rm == lm;
-    }
-    match (any, guaranteed) {
-        (false, _) => Qos::BestEffort,
-        (true, true) => Qos::Guaranteed,
-        (true, false) => Qos::Burstable,
-    }
 }
 
 /// The pod's cgroup (cgroupfs driver): `<pods>/pod<uid>` for Guaranteed,
@@ -227,8 +162,8 @@ pub fn linux_resources(
     c: &Container,
 ) -> api::LinuxContainerResources {
     const PERIOD: i64 = 100_000;
-    let (limit_cpu, limit_mem) = resource_values(c, "limits");
-    let (req_cpu, req_mem) = resource_values(c, "requests");
+    let (limit_cpu, limit_mem) = resources::values(c, List::Limits);
+    let (req_cpu, req_mem) = resources::values(c, List::Requests);
     let req_cpu = req_cpu.or(limit_cpu);
     let req_mem = req_mem.or(limit_mem);
     let shares = req_cpu.map_or(2, |m| (m * 1024 / 1000).max(2));
@@ -308,7 +243,7 @@ pub struct ContainerContext<'a> {
     /// The pod IP (for the downward API).
     pub pod_ip: Option<&'a str>,
     /// ConfigMaps and Secrets the env refers to (API-server mode).
-    pub objects: Option<&'a env::ApiObjects>,
+    pub objects: &'a env::ApiObjects,
 }
 
 /// The CRI config of one container instance.
@@ -518,7 +453,7 @@ mod tests {
                 kind: Kind::App,
                 restart_count: 2,
                 pod_ip: None,
-                objects: None,
+                objects: &super::env::ApiObjects::default(),
             },
         )
         .expect("config");

@@ -1,7 +1,7 @@
 //! [`Syncer`]: executes SyncPod actions and pod termination against the runtime.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use evlet_cri::{ContainerId, RuntimeClient, SandboxId};
@@ -10,22 +10,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::actions::{self, PodActions, Target};
+use super::objects::EnvObjects;
+use super::recorder::EventRecorder;
 use super::spec::{self, ContainerContext, NodeContext};
 use crate::backoff::Backoff;
+use crate::lock::lock;
 use crate::pod;
 use crate::runtime::{Kind, PodStatus, State};
+use crate::status::Waiting;
 
 /// Upstream's `minimumGracePeriodInSeconds`: SIGKILL never comes sooner.
 pub const MIN_GRACE: Duration = Duration::from_secs(2);
-
-/// Why a container is not running (becomes `state.waiting` in the pod status).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiting {
-    /// `CrashLoopBackOff`, `ErrImagePull`, `ImagePullBackOff`, `CreateContainerConfigError`, ...
-    pub reason: String,
-    /// Details.
-    pub message: String,
-}
 
 /// What one sync did and when the worker should sync again.
 #[derive(Debug, Clone, Default)]
@@ -64,28 +59,20 @@ pub struct Syncer {
     /// Image pull backoff per `<uid>/<image>`.
     pulls: Mutex<Backoff>,
     /// Where Kubernetes-style events go (Pulled, Created, Started, Killing, BackOff).
-    events: std::sync::OnceLock<std::sync::Arc<crate::diagnostics::Diagnostics>>,
-    /// The API server, for ConfigMaps and Secrets referenced by env.
-    api: std::sync::OnceLock<crate::api::ApiClient>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Converts a CRI wall-clock time (Unix ns) into a monotonic instant.
-fn instant_of(unix_ns: i64) -> Instant {
-    let now_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
-    let ago = Duration::from_nanos(now_ns.saturating_sub(unix_ns).max(0) as u64);
-    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+    events: Arc<dyn EventRecorder>,
+    /// The ConfigMaps and Secrets referenced by env (the API server, or none).
+    objects: Arc<dyn EnvObjects>,
 }
 
 impl Syncer {
-    /// A syncer over `client` for node `node`.
-    pub fn new(client: RuntimeClient, node: NodeContext) -> Self {
+    /// A syncer over `client` for node `node`, reading env objects from
+    /// `objects` and recording events in `events`.
+    pub fn new(
+        client: RuntimeClient,
+        node: NodeContext,
+        objects: Arc<dyn EnvObjects>,
+        events: Arc<dyn EventRecorder>,
+    ) -> Self {
         Self {
             client,
             node,
@@ -94,77 +81,19 @@ impl Syncer {
                 Duration::from_secs(10),
                 Duration::from_secs(300),
             )),
-            events: std::sync::OnceLock::new(),
-            api: std::sync::OnceLock::new(),
+            events,
+            objects,
         }
-    }
-
-    /// Reads ConfigMaps and Secrets for env from `client` from now on.
-    pub fn set_api(&self, client: crate::api::ApiClient) {
-        let _ = self.api.set(client);
-    }
-
-    /// The ConfigMaps and Secrets `c`'s env refers to (GET each; a missing one
-    /// is left out, for the env builder to judge). None without an API server.
-    async fn env_objects(
-        &self,
-        pod: &Pod,
-        c: &Container,
-    ) -> Result<Option<crate::sync::env::ApiObjects>, String> {
-        use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-        let Some(client) = self.api.get() else {
-            return Ok(None);
-        };
-        let (cms, secrets) = crate::sync::env::references(c);
-        let mut objects = crate::sync::env::ApiObjects::default();
-        let ns = pod::namespace(pod);
-        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.0.clone(), ns);
-        for name in cms {
-            let cm = api
-                .get_opt(&name)
-                .await
-                .map_err(|e| format!("configmap {ns}/{name}: {e}"))?;
-            if let Some(cm) = cm {
-                objects
-                    .config_maps
-                    .insert(name, cm.data.unwrap_or_default());
-            }
-        }
-        let api: kube::Api<Secret> = kube::Api::namespaced(client.0.clone(), ns);
-        for name in secrets {
-            let secret = api
-                .get_opt(&name)
-                .await
-                .map_err(|e| format!("secret {ns}/{name}: {e}"))?;
-            if let Some(secret) = secret {
-                let mut data: BTreeMap<String, String> = secret
-                    .data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-                    .collect();
-                data.extend(secret.string_data.unwrap_or_default());
-                objects.secrets.insert(name, data);
-            }
-        }
-        Ok(Some(objects))
-    }
-
-    /// Records events in `diagnostics` from now on.
-    pub fn set_events(&self, diagnostics: std::sync::Arc<crate::diagnostics::Diagnostics>) {
-        let _ = self.events.set(diagnostics);
     }
 
     fn event(&self, pod: &Pod, container: &str, kind: &str, reason: &str, message: String) {
-        if let Some(d) = self.events.get() {
-            d.event(crate::diagnostics::Event::about(
-                pod,
-                Some(container),
-                kind,
-                reason,
-                message,
-            ));
-        }
+        self.events.record(crate::diagnostics::Event::about(
+            pod,
+            Some(container),
+            kind,
+            reason,
+            message,
+        ));
     }
 
     /// The node context.
@@ -337,7 +266,7 @@ impl Syncer {
         // CrashLoopBackOff: a container that exited before restarts only when its backoff expired.
         if let Some(prev) = previous.filter(|p| p.state == State::Exited) {
             let key = format!("{uid}/{}", c.name);
-            let finished = instant_of(prev.finished_at);
+            let finished = crate::clock::instant_of(prev.finished_at);
             let now = Instant::now();
             let mut crash = lock(&self.crash);
             if crash.in_backoff_since(&key, finished, now) {
@@ -382,12 +311,17 @@ impl Syncer {
                 Some(Duration::from_secs(10)),
             )
         };
-        let objects = self.env_objects(pod, c).await.map_err(config_error)?;
+        let refs = super::env::references(c);
+        let objects = self
+            .objects
+            .fetch(pod::namespace(pod), &refs)
+            .await
+            .map_err(|e| config_error(e.to_string()))?;
         let ctx = ContainerContext {
             kind,
             restart_count,
             pod_ip,
-            objects: objects.as_ref(),
+            objects: &objects,
         };
         let config = spec::container_config(&self.node, pod, c, &ctx)
             .map_err(|e| config_error(e.to_string()))?;

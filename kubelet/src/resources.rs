@@ -1,0 +1,114 @@
+//! Resource values of containers and pods, and the QoS class they give a pod
+//! (upstream's `qos.GetPodQOS` and `resource.PodRequests`). Pure.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::pod;
+use crate::quantity;
+
+/// A pod's Quality of Service class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qos {
+    /// Every container has CPU and memory limits equal to its requests.
+    Guaranteed,
+    /// Some requests or limits.
+    Burstable,
+    /// No requests or limits at all.
+    BestEffort,
+}
+
+impl Qos {
+    /// The class name as in `status.qosClass`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Qos::Guaranteed => "Guaranteed",
+            Qos::Burstable => "Burstable",
+            Qos::BestEffort => "BestEffort",
+        }
+    }
+}
+
+/// Which list of a container's resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    /// `resources.requests`.
+    Requests,
+    /// `resources.limits`.
+    Limits,
+}
+
+/// A container's CPU (millicores) and memory (bytes) in `list`; a value that
+/// is absent or does not parse is `None`.
+pub fn values(c: &Container, list: List) -> (Option<i64>, Option<i64>) {
+    let list = c.resources.as_ref().and_then(|r| match list {
+        List::Limits => r.limits.as_ref(),
+        List::Requests => r.requests.as_ref(),
+    });
+    let cpu = list
+        .and_then(|l| l.get("cpu"))
+        .and_then(|q| quantity::parse_milli(&q.0).ok());
+    let mem = list
+        .and_then(|l| l.get("memory"))
+        .and_then(|q| quantity::parse(&q.0).ok());
+    (cpu, mem)
+}
+
+/// Upstream's QoS classification (requests default to limits).
+pub fn qos(pod: &Pod) -> Qos {
+    let Some(spec) = &pod.spec else {
+        return Qos::BestEffort;
+    };
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
+        let (lc, lm) = values(c, List::Limits);
+        let (rc, rm) = values(c, List::Requests);
+        let (rc, rm) = (rc.or(lc), rm.or(lm));
+        any |= lc.is_some() || lm.is_some() || rc.is_some() || rm.is_some();
+        guaranteed &= lc.is_some() && lm.is_some() && rc == lc && rm == lm;
+    }
+    match (any, guaranteed) {
+        (false, _) => Qos::BestEffort,
+        (true, true) => Qos::Guaranteed,
+        (true, false) => Qos::Burstable,
+    }
+}
+
+/// A pod's effective requests (millicores, bytes): the larger of the app
+/// containers plus sidecars, and any one init container (upstream's
+/// `PodRequests` without overhead).
+pub fn pod_requests(pod: &Pod) -> (i64, i64) {
+    let Some(spec) = pod.spec.as_ref() else {
+        return (0, 0);
+    };
+    let of = |c: &Container| {
+        let (cpu, mem) = values(c, List::Requests);
+        (cpu.unwrap_or(0), mem.unwrap_or(0))
+    };
+    let (mut cpu, mut mem) = (0_i64, 0_i64);
+    let (mut init_cpu, mut init_mem) = (0_i64, 0_i64);
+    let (mut sidecar_cpu, mut sidecar_mem) = (0_i64, 0_i64);
+    for c in spec.init_containers.iter().flatten() {
+        let (c_cpu, c_mem) = of(c);
+        if pod::is_restartable_init(c) {
+            sidecar_cpu = sidecar_cpu.saturating_add(c_cpu);
+            sidecar_mem = sidecar_mem.saturating_add(c_mem);
+        } else {
+            init_cpu = init_cpu.max(sidecar_cpu.saturating_add(c_cpu));
+            init_mem = init_mem.max(sidecar_mem.saturating_add(c_mem));
+        }
+    }
+    for c in &spec.containers {
+        let (c_cpu, c_mem) = of(c);
+        cpu = cpu.saturating_add(c_cpu);
+        mem = mem.saturating_add(c_mem);
+    }
+    (
+        cpu.saturating_add(sidecar_cpu).max(init_cpu),
+        mem.saturating_add(sidecar_mem).max(init_mem),
+    )
+}

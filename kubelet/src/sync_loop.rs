@@ -1,0 +1,322 @@
+//! The sync loop (upstream's `syncLoop`): one task that `select!`s over pod
+//! updates from the sources, PLEG events, finished workers, the housekeeping
+//! tick (2 s: orphan pods, backoff GC) and the container GC tick (1 min). It
+//! never blocks on the runtime: every runtime call happens in a pod worker or
+//! the PLEG.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::admission::{Allocatable, Usage};
+use crate::api::status::StatusManager;
+use crate::api::{self};
+use crate::cache::PodCache;
+use crate::metrics::Metrics;
+use crate::pleg::PodLifecycleEvent;
+use crate::pleg::hints::Hints;
+use crate::pod::{self, PodUid, labels};
+use crate::server::Served;
+use crate::source::{Op, PodConfig, PodUpdate, Source, SourceMessage};
+use crate::sync::Syncer;
+use crate::workers::{PodWorkers, UpdateKind};
+
+/// Upstream's `housekeepingPeriod`.
+pub const HOUSEKEEPING: Duration = Duration::from_secs(2);
+/// Upstream's `ContainerGCPeriod`.
+pub const CONTAINER_GC: Duration = Duration::from_secs(60);
+
+/// The sync loop's state.
+#[derive(Debug)]
+pub struct SyncLoop {
+    /// Merge of the sources.
+    pub config: PodConfig,
+    /// Desired pods by UID (upstream's pod manager).
+    pub pods: BTreeMap<PodUid, Pod>,
+    pub workers: PodWorkers,
+    pub cache: PodCache,
+    pub syncer: Arc<Syncer>,
+    pub metrics: Arc<Metrics>,
+    pub served: Arc<Served>,
+    /// The hinted PLEG's hints (agent-initiated removals are announced there).
+    pub hints: Option<Arc<Hints>>,
+    /// API-server mode.
+    pub api: Option<ApiState>,
+}
+
+/// The sync loop's part of API-server mode.
+#[derive(Debug)]
+pub struct ApiState {
+    pub manager: Arc<StatusManager>,
+    /// Static pods, for the mirror manager.
+    pub statics: watch::Sender<api::mirror::Statics>,
+    pub allocatable: Allocatable,
+    /// Pods rejected at admission (never started).
+    pub rejected: BTreeSet<PodUid>,
+    /// Deleted pods whose containers are gone; waiting for the watch to drop them.
+    pub finished: BTreeSet<PodUid>,
+}
+
+impl SyncLoop {
+    /// Runs until `shutdown`: pod updates from the sources, PLEG events,
+    /// finished workers, housekeeping and container GC.
+    pub async fn run(
+        mut self,
+        mut sources: mpsc::Receiver<SourceMessage>,
+        mut pleg: mpsc::Receiver<PodLifecycleEvent>,
+        mut done: mpsc::UnboundedReceiver<PodUid>,
+        shutdown: CancellationToken,
+    ) {
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
+        let mut gc = tokio::time::interval(CONTAINER_GC);
+        let mut sources_open = true;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    tracing::info!("sync loop stopping; pods keep running");
+                    return;
+                }
+                msg = sources.recv(), if sources_open => match msg {
+                    Some(SourceMessage::Snapshot(source, pods)) => {
+                        let updates = self.config.merge(source, pods);
+                        self.handle_updates(source, updates);
+                    }
+                    Some(SourceMessage::Changes { source, upserts, removed }) => {
+                        let updates = self.config.apply(source, upserts, removed);
+                        self.handle_updates(source, updates);
+                    }
+                    Some(SourceMessage::Error(_, _)) => {
+                        self.metrics.manifest_errors.inc();
+                    }
+                    None => sources_open = false,
+                },
+                Some(event) = pleg.recv() => self.handle_pleg(event),
+                Some(uid) = done.recv() => {
+                    self.workers.forget(&uid);
+                    if let Some(api) = &mut self.api
+                        && let Some(pod) = self.pods.get(&uid)
+                        && pod.metadata.deletion_timestamp.is_some()
+                        && pod::annotations(pod).get(labels::CONFIG_SOURCE).map(String::as_str) == Some("api")
+                    {
+                        // Graceful deletion done: the final DELETE (grace 0).
+                        api.manager.delete(pod);
+                        api.finished.insert(uid);
+                        continue;
+                    }
+                    if let Some(pod) = self.pods.get(&uid).cloned() {
+                        // Re-added while terminating: start it again.
+                        self.workers.update(pod, UpdateKind::Sync);
+                    }
+                }
+                _ = housekeeping.tick() => self.housekeeping(),
+                _ = gc.tick() => self.container_gc(),
+            }
+        }
+    }
+
+    fn handle_updates(&mut self, source: Source, updates: Vec<PodUpdate>) {
+        for update in updates {
+            self.handle_update(update);
+        }
+        if source != Source::Api {
+            // Static pods come from the file and HTTP sources only.
+            self.publish_statics();
+        }
+        self.served
+            .sources_ready
+            .store(self.config.sources_ready(), Ordering::Relaxed);
+    }
+
+    fn handle_update(&mut self, update: PodUpdate) {
+        // What admitted pods use, summed once per update, not once per pod.
+        let mut usage = None;
+        for pod in update.pods {
+            let uid = pod::uid(&pod);
+            if update.source == Source::Api && self.api_handled(update.op, &pod, &mut usage) {
+                continue;
+            }
+            match update.op {
+                Op::Add | Op::Update => {
+                    tracing::info!(pod = %pod::key(&pod), source = update.source.as_str(), op = ?update.op, "pod update");
+                    self.pods.insert(uid, pod.clone());
+                    let kind = match pod.metadata.deletion_timestamp {
+                        Some(_) => UpdateKind::Kill(pod.metadata.deletion_grace_period_seconds),
+                        None => UpdateKind::Sync,
+                    };
+                    self.workers.update(pod, kind);
+                }
+                Op::Remove => {
+                    if let Some(api) = &mut self.api {
+                        api.manager.forget(&uid);
+                        if api.finished.remove(&uid) {
+                            self.pods.remove(&uid);
+                            continue;
+                        }
+                    }
+                    tracing::info!(pod = %pod::key(&pod), source = update.source.as_str(), "pod removed from its source; terminating");
+                    self.pods.remove(&uid);
+                    self.workers.update(pod, UpdateKind::Kill(None));
+                }
+                Op::Reconcile => {
+                    self.pods.insert(uid, pod);
+                }
+            }
+        }
+    }
+
+    /// API pods the sync loop settles itself: rejected or already terminal pods
+    /// are not started. True if `pod` needs nothing more.
+    fn api_handled(&mut self, op: Op, pod: &Pod, usage: &mut Option<Usage>) -> bool {
+        let Some(api) = &mut self.api else {
+            return false;
+        };
+        let uid = pod::uid(pod);
+        if api.rejected.contains(&uid) {
+            match op {
+                Op::Remove => {
+                    api.rejected.remove(&uid);
+                    api.manager.forget(&uid);
+                    self.workers.forget(&uid);
+                }
+                _ if pod.metadata.deletion_timestamp.is_some() => api.manager.delete(pod),
+                _ => {}
+            }
+            return true;
+        }
+        if op != Op::Add || self.workers.has(&uid) {
+            return false;
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed"))
+            && pod.metadata.deletion_timestamp.is_none()
+        {
+            // Finished before (e.g. before a restart of evlet): not run again.
+            tracing::info!(pod = %pod::key(pod), phase = ?phase, "API pod is terminal; not starting it");
+            api.rejected.insert(uid);
+            return true;
+        }
+        let used = usage.get_or_insert_with(|| {
+            Usage::of(
+                self.pods
+                    .iter()
+                    .filter(|(u, _)| !api.rejected.contains(*u))
+                    .map(|(_, p)| p),
+            )
+        });
+        match api::admission::admit(pod, used, &api.allocatable) {
+            Ok(()) => false,
+            Err(rejection) => {
+                tracing::warn!(pod = %pod::key(pod), reason = %rejection.reason, message = %rejection.message, "pod rejected at admission");
+                api.rejected.insert(uid);
+                let status = crate::status::compute(
+                    pod,
+                    &crate::runtime::PodStatus::empty(pod::uid(pod)),
+                    &crate::status::Extra {
+                        rejected: Some((&rejection.reason, &rejection.message)),
+                        start_time: Some(crate::clock::now()),
+                        ..Default::default()
+                    },
+                );
+                self.workers.set_view(pod.clone(), status);
+                true
+            }
+        }
+    }
+
+    /// Sends the static pods to the mirror manager.
+    fn publish_statics(&self) {
+        if let Some(api) = &self.api {
+            let statics: api::mirror::Statics = self
+                .pods
+                .values()
+                .filter(|p| pod::is_static(p))
+                .map(|p| {
+                    (
+                        (pod::namespace(p).to_owned(), pod::name(p).to_owned()),
+                        p.clone(),
+                    )
+                })
+                .collect();
+            api.statics.send_if_modified(|current| {
+                let changed = *current != statics;
+                if changed {
+                    *current = statics;
+                }
+                changed
+            });
+        }
+    }
+
+    fn handle_pleg(&mut self, event: PodLifecycleEvent) {
+        if event.kind == crate::pleg::EventType::ContainerRemoved {
+            return;
+        }
+        if let Some(pod) = self.pods.get(&event.uid) {
+            self.workers.update(pod.clone(), UpdateKind::Sync);
+        }
+    }
+
+    /// Orphans: pods the runtime has that no source wants and no worker owns.
+    /// Only once every source has reported (`sourcesReady`), like upstream.
+    fn housekeeping(&mut self) {
+        self.syncer.gc();
+        if !self.config.sources_ready() {
+            return;
+        }
+        let desired: BTreeSet<&PodUid> = self.pods.keys().collect();
+        for status in self.cache.known() {
+            if desired.contains(&status.uid) || self.workers.has(&status.uid) {
+                continue;
+            }
+            let running = status.any_running() || status.sandboxes.iter().any(|s| s.ready);
+            tracing::info!(pod = %status.uid, name = %status.name, namespace = %status.namespace, running, "removing orphaned pod");
+            let orphan = orphan_pod(&status);
+            self.workers.update(orphan, UpdateKind::Kill(None));
+        }
+    }
+
+    fn container_gc(&mut self) {
+        for status in self.cache.known() {
+            let mut names = BTreeSet::new();
+            let extra = status
+                .containers
+                .iter()
+                .any(|c| !names.insert(c.name.as_str()));
+            if extra {
+                let syncer = Arc::clone(&self.syncer);
+                let hints = self.hints.clone();
+                tokio::spawn(async move {
+                    // The agent's own removals must not look like external changes.
+                    if let Some(h) = &hints {
+                        h.suspend(status.uid.clone());
+                    }
+                    syncer.gc_pod(&status).await;
+                    if let Some(h) = &hints {
+                        h.resume(status.uid.clone(), true);
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// A pod object for a runtime pod the agent has no spec of: enough to terminate
+/// and remove it (grace period from its containers' annotation, else 30 s).
+fn orphan_pod(status: &crate::runtime::PodStatus) -> Pod {
+    let mut pod = Pod::default();
+    pod.metadata.name = Some(status.name.clone());
+    pod.metadata.namespace = Some(status.namespace.clone());
+    pod.metadata.uid = Some(status.uid.0.clone());
+    pod.metadata.annotations =
+        Some([(labels::CONFIG_SOURCE.to_owned(), "orphan".to_owned())].into());
+    pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        termination_grace_period_seconds: Some(30),
+        ..Default::default()
+    });
+    pod
+}
