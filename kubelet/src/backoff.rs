@@ -1,5 +1,8 @@
-//! Per-key exponential backoff, as upstream's `flowcontrol.Backoff`: used for
-//! CrashLoopBackOff (10 s doubling to 300 s) and image pull backoff.
+//! Backoff. [`Backoff`]: per-key exponential backoff, as upstream's
+//! `flowcontrol.Backoff`, for CrashLoopBackOff (10 s doubling to 300 s) and
+//! image pull backoff. [`Retry`]: the one policy of a single retry loop (API
+//! calls, the CRI event stream, the PLEG dispatcher, pod workers' sync
+//! errors), shared with the CRI client.
 //!
 //! An entry resets once `2 × max` passed since its last failure (10 minutes
 //! for containers): a container that ran that long starts over at 10 s.
@@ -8,6 +11,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+pub use evlet_cri::Retry;
 
 /// CrashLoopBackOff's first delay (upstream `containerBackOffPeriod`).
 pub const CONTAINER_INITIAL: Duration = Duration::from_secs(10);

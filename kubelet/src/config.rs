@@ -198,12 +198,17 @@ pub fn parse_taints(s: &str) -> Result<Vec<k8s_openapi::api::core::v1::Taint>, S
         .collect()
 }
 
+/// A duration that is not a Go duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {0:?} (expected e.g. \"20s\", \"1m30s\", \"500ms\")")]
+pub struct InvalidDuration(pub String);
+
 /// Parses a Go duration (`1h2m3s`, `500ms`, `20s`).
 ///
 /// # Errors
-/// A message naming the bad text.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?} (expected e.g. \"20s\", \"1m30s\", \"500ms\")");
+/// [`InvalidDuration`] naming the bad text.
+pub fn parse_duration(s: &str) -> Result<Duration, InvalidDuration> {
+    let bad = || InvalidDuration(s.to_owned());
     let mut total = Duration::ZERO;
     let mut rest = s.trim();
     if rest.is_empty() {

@@ -75,7 +75,7 @@ fn effective(flags: Flags) -> Result<Config> {
         None => KubeletConfiguration::default(),
     };
     let duration = |v: Option<&String>, default: Duration| -> Result<Duration> {
-        v.map(|s| config::parse_duration(s).map_err(anyhow::Error::msg))
+        v.map(|s| config::parse_duration(s).map_err(anyhow::Error::from))
             .transpose()
             .map(|d| d.unwrap_or(default))
     };

@@ -18,6 +18,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Retry;
 use crate::cache::PodCache;
 use crate::lock::lock;
 use crate::metrics::Metrics;
@@ -31,7 +32,7 @@ use crate::sync::{SyncOutcome, Syncer};
 /// Upstream's default `syncFrequency`: a pod with nothing to do is synced this
 /// often (±50 %). `Config::sync_frequency` sets it.
 pub const RESYNC: Duration = Duration::from_secs(60);
-/// Upstream's `backOffPeriod` for sync errors.
+/// Upstream's `backOffPeriod` for sync errors (each wait is 50–100 % of it).
 pub const ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Where the statuses workers compute go beyond the local `/pods` view (the
@@ -305,6 +306,7 @@ impl Worker {
         let mut next_resync: Option<Instant> = None;
         let mut waiting: BTreeMap<String, Waiting> = BTreeMap::new();
         let mut failed = false;
+        let mut errors = Retry::fixed(ERROR_BACKOFF).jitter(0.5, 1.0);
         let start_time = now_time();
         let host_ip = self.shared.syncer.node().host_ip.clone();
         // Set when the current phase must run without waiting (a phase changed).
@@ -385,7 +387,7 @@ impl Worker {
                         }
                         Err(e) => {
                             tracing::warn!(pod = %pod::key(&current), error = %e, "sync failed; retrying");
-                            (ERROR_BACKOFF.mul_f64(0.5 + fastrand::f64() * 0.5), true)
+                            (errors.next_delay(), true)
                         }
                     };
                     self.sync_finished(changed);

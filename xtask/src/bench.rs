@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result};
 
 use crate::containerd::Version;
 use crate::node::Node;
-use crate::test::cargo;
+use crate::sh::cargo;
 use crate::{paths, setup, sh};
 
 /// Options of `cargo xtask bench`.

@@ -4,13 +4,15 @@
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::containerd::Version;
 use crate::node::Node;
-use crate::{paths, setup, sh, test};
+use crate::{paths, setup, sh};
 
 /// Where `run` serves `/healthz`, `/pods`, `/metrics`.
 const ADDRESS: &str = "127.0.0.1:10255";
@@ -68,13 +70,22 @@ fn summary() -> Result<(String, bool)> {
     Ok((out, all_up && any))
 }
 
+/// Asks evlet to stop (SIGTERM to its PID) and waits for it.
+fn stop_evlet(child: &mut std::process::Child) -> Result<()> {
+    let pid = i32::try_from(child.id()).context("evlet's pid")?;
+    // SAFETY: kill has no memory-safety preconditions; the child is ours.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    child.wait().context("waiting for evlet to stop")?;
+    Ok(())
+}
+
 /// Sets up, brings the node up, builds and runs evlet with the example pods.
 /// With `duration`, stops evlet after that long (pods keep running, as with any kubelet).
 pub fn run(version: Version, duration: Option<u64>, args: &[String]) -> Result<()> {
     setup::setup()?;
     let node = Node::new(version);
     node.up()?;
-    sh::run(&mut test::cargo(&[
+    sh::run(&mut sh::cargo(&[
         "build",
         "--locked",
         "--package",
@@ -98,11 +109,23 @@ pub fn run(version: Version, duration: Option<u64>, args: &[String]) -> Result<(
             ADDRESS,
         ])
         .args(args);
+    // Ctrl-C (SIGINT to the whole terminal group) or a SIGTERM to this task
+    // stops evlet by its PID and ends quietly; the node and its pods stay.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing the Ctrl-C handler")?;
+    }
     eprintln!("$ {}", sh::display(&cmd));
     let mut child = cmd.spawn().context("cannot start evlet")?;
     let started = Instant::now();
     let mut shown = false;
     loop {
+        if stop.load(Ordering::Relaxed) {
+            stop_evlet(&mut child)?;
+            eprintln!("evlet stopped; the node and its pods keep running");
+            return Ok(());
+        }
         if let Some(status) = child.try_wait()? {
             if duration.is_some() && shown {
                 return Ok(());
@@ -125,9 +148,7 @@ pub fn run(version: Version, duration: Option<u64>, args: &[String]) -> Result<(
         if let Some(limit) = duration
             && started.elapsed() > Duration::from_secs(limit)
         {
-            // SAFETY: kill has no memory-safety preconditions; the child is ours.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            child.wait()?;
+            stop_evlet(&mut child)?;
             if !shown {
                 bail!("the example pods did not come up within {limit} s");
             }

@@ -5,6 +5,17 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::paths;
+
+/// A cargo command in the repository with the project's tools on `PATH`.
+pub fn cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(paths::repo())
+        .env("PATH", paths::path_with_tools())
+        .args(args);
+    cmd
+}
+
 /// Renders a command line the way a user would type it.
 pub fn display(cmd: &Command) -> String {
     let mut out = cmd.get_program().to_string_lossy().into_owned();

@@ -7,14 +7,14 @@
 //! `cargo xtask bench --quick` then proves the benchmark harness works. A privileged
 //! test that cannot run fails under `CI=true` (see `evlet-testkit`).
 
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::containerd::Version;
 use crate::node::Node;
-use crate::{paths, setup, sh};
+use crate::sh::cargo;
+use crate::{setup, sh};
 
 /// Options of `cargo xtask test`.
 #[derive(Debug, clap::Args)]
@@ -34,15 +34,6 @@ pub struct Options {
     /// Options of the kernel matrix.
     #[command(flatten)]
     vm: crate::vm::Options,
-}
-
-/// A cargo command in the repository with the project's tools on `PATH`.
-pub fn cargo(args: &[&str]) -> Command {
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(paths::repo())
-        .env("PATH", paths::path_with_tools())
-        .args(args);
-    cmd
 }
 
 /// The workspace's test targets by what they need.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use crate::apt::{self, PrivateApt};
-use crate::{paths, sh, test};
+use crate::{paths, sh};
 
 /// One kernel line of the matrix.
 #[derive(Debug, Clone, Copy)]
@@ -153,7 +153,7 @@ fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
     for t in tests {
         args.extend(["--test", t.as_str()]);
     }
-    let out = sh::output(test::cargo(&args).env(
+    let out = sh::output(sh::cargo(&args).env(
         "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
         "-C target-feature=+crt-static",
     ))

@@ -351,7 +351,7 @@ impl Probes {
     /// # Errors
     /// If the counter map cannot be read.
     pub fn lost(&self) -> Result<u64, Error> {
-        read_lost(&self.lost)
+        crate::reader::read_lost(&self.lost)
     }
 
     /// Adds a cgroup ID to the watched set.
@@ -394,13 +394,6 @@ impl Probes {
     }
 }
 
-pub(crate) fn read_lost(lost: &PerCpuArray<MapData, u64>) -> Result<u64, Error> {
-    let values = lost.get(&0, 0).map_err(|source| Error::Map {
-        map: LOST_MAP,
-        source,
-    })?;
-    Ok(values.iter().sum())
-}
 
 fn set_prefix(ebpf: &mut Ebpf, prefix: &str) -> Result<(), Error> {
     if prefix.len() > PREFIX_LEN {

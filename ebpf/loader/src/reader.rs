@@ -11,6 +11,7 @@ use tokio_stream::Stream;
 
 use crate::error::Error;
 use crate::event::{Event, decode};
+use evlet_ebpf_common::LOST_MAP;
 
 /// Reads the ring buffer as it is filled: each wake-up drains every pending record.
 ///
@@ -64,7 +65,7 @@ impl EventReader {
     /// # Errors
     /// If the counter map cannot be read.
     pub fn lost(&self) -> Result<u64, Error> {
-        crate::probes::read_lost(&self.lost)
+        read_lost(&self.lost)
     }
 
     /// Records that could not be decoded (a version mismatch; stays 0).
@@ -107,4 +108,13 @@ impl Stream for EventReader {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
         self.get_mut().poll_event(cx)
     }
+}
+
+/// The sum of the per-CPU loss counter (failed ring-buffer reservations).
+pub(crate) fn read_lost(lost: &PerCpuArray<MapData, u64>) -> Result<u64, Error> {
+    let values = lost.get(&0, 0).map_err(|source| Error::Map {
+        map: LOST_MAP,
+        source,
+    })?;
+    Ok(values.iter().sum())
 }

@@ -18,7 +18,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::pods::Mirrors;
-use super::{Backoff, delete_exactly, is_conflict, is_not_found};
+use super::{delete_exactly, is_conflict, is_not_found};
+use crate::backoff::Retry;
 use crate::pod::{self, labels};
 
 /// Static pods by `(namespace, name)`.
@@ -109,7 +110,7 @@ pub async fn run(
     mut mirrors: watch::Receiver<Mirrors>,
     shutdown: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut backoff = Retry::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let wanted = statics.borrow_and_update().clone();
         let seen = mirrors.borrow_and_update().clone();

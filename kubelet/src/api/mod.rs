@@ -120,46 +120,6 @@ pub(crate) fn delete_exactly(uid: Option<String>) -> kube::api::DeleteParams {
     }
 }
 
-/// Exponential backoff for API retries: `start` doubling to `max`.
-#[derive(Debug, Clone)]
-pub(crate) struct Backoff {
-    start: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(start: Duration, max: Duration) -> Self {
-        Self {
-            start,
-            max,
-            next: start,
-        }
-    }
-
-    /// The delay before the next retry.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.next = self.start;
-    }
-
-    /// The wait after a pass: the next backoff delay if it failed, else `period`
-    /// (and the backoff starts over).
-    pub(crate) fn after(&mut self, failed: bool, period: Duration) -> Duration {
-        if failed {
-            self.next_delay()
-        } else {
-            self.reset();
-            period
-        }
-    }
-}
-
 /// Registers the node, then keeps its status, its lease and the mirror pods.
 pub async fn run_node(
     client: kube::Client,
@@ -190,26 +150,9 @@ pub async fn run_node(
 }
 
 /// Tells the status manager which mirror pods exist.
-pub async fn forward_mirrors(
-    mut mirrors: tokio::sync::watch::Receiver<pods::Mirrors>,
-    manager: std::sync::Arc<status::StatusManager>,
-) {
+pub async fn forward_mirrors(mut mirrors: tokio::sync::watch::Receiver<pods::Mirrors>, manager: std::sync::Arc<status::StatusManager>) {
     while mirrors.changed().await.is_ok() {
         let current = mirrors.borrow_and_update().clone();
         manager.set_mirrors(&current);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_its_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
-        let delays: Vec<u128> = (0..5).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(delays, [200, 400, 800, 1000, 1000]);
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_millis(200));
     }
 }

@@ -17,7 +17,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
-use super::{Backoff, is_conflict, is_not_found};
+use super::{is_conflict, is_not_found};
+use crate::backoff::Retry;
 use crate::health::NotReady;
 use crate::machine::Machine;
 
@@ -301,7 +302,7 @@ pub async fn register(
     shutdown: &CancellationToken,
 ) -> Option<Node> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(7));
+    let mut backoff = Retry::new(Duration::from_millis(100), Duration::from_secs(7));
     loop {
         let machine = Machine::read(&input.root_dir);
         let node = initial(input, &machine);
@@ -362,7 +363,7 @@ pub async fn run_status(
     let nodes: Api<Node> = Api::all(client);
     let mut last_sent = registered.status.clone();
     let mut last_report = tokio::time::Instant::now();
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
+    let mut backoff = Retry::new(Duration::from_millis(200), Duration::from_secs(7));
     let mut delay = STATUS_UPDATE;
     loop {
         tokio::select! {
@@ -438,7 +439,7 @@ pub async fn run_lease(
 ) {
     let leases: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
     let mut current: Option<Lease> = None;
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
+    let mut backoff = Retry::new(Duration::from_millis(200), Duration::from_secs(7));
     loop {
         let result = match current.take() {
             None => match leases.get(&name).await {

@@ -24,7 +24,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::pods::Mirrors;
-use super::{Backoff, delete_exactly, is_not_found};
+use super::{delete_exactly, is_not_found};
+use crate::backoff::Retry;
 use crate::pod::{self, PodUid};
 
 /// Upstream's status manager `syncPeriod`.
@@ -213,7 +214,7 @@ impl StatusManager {
 
     /// Sends statuses and deletes until `shutdown`.
     pub async fn run(self: Arc<Self>, client: kube::Client, shutdown: CancellationToken) {
-        let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        let mut backoff = Retry::new(Duration::from_millis(500), Duration::from_secs(30));
         loop {
             let failed = self.sync_once(&client).await;
             let delay = backoff.after(failed, SYNC_PERIOD);

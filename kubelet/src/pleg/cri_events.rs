@@ -12,6 +12,7 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::hints::Hints;
+use crate::backoff::Retry;
 use crate::pod::{PodUid, labels};
 
 /// Whether the runtime implements the call (probed once at start). containerd
@@ -54,7 +55,7 @@ fn monotonic_origin(created_at_ns: i64) -> Option<u64> {
 
 /// Follows the event stream until `cancel`, reconnecting after errors.
 pub async fn run(client: RuntimeClient, hints: Arc<Hints>, cancel: CancellationToken) {
-    let mut backoff = Duration::from_secs(1);
+    let mut retry = Retry::new(Duration::from_secs(1), Duration::from_secs(60)).jitter(0.8, 1.2);
     loop {
         match client.container_events().await {
             Ok(mut stream) => {
@@ -88,7 +89,7 @@ pub async fn run(client: RuntimeClient, hints: Arc<Hints>, cancel: CancellationT
                 }
                 // Healthy for a minute: start the backoff over (refactored KEP-3386).
                 if connected.elapsed() > Duration::from_secs(60) {
-                    backoff = Duration::from_secs(1);
+                    retry.reset();
                 }
             }
             Err(err) if err.kind == ErrorKind::Unsupported => {
@@ -98,11 +99,9 @@ pub async fn run(client: RuntimeClient, hints: Arc<Hints>, cancel: CancellationT
             Err(err) => tracing::warn!(%err, "cannot open the CRI event stream; retrying"),
         }
         hints.full("CRI event stream lost");
-        let jitter = backoff.mul_f64(0.8 + fastrand::f64() * 0.4);
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(jitter) => {}
+            () = tokio::time::sleep(retry.next_delay()) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(60));
     }
 }

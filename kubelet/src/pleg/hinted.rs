@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use super::ebpf::Quiet;
 use super::hints::{Dirty, Hints, Next};
 use super::relist::{PodRelist, Relister};
+use crate::backoff::Retry;
 use crate::metrics::Metrics;
 use crate::pod::PodUid;
 use crate::runtime::PodStatus;
@@ -125,7 +126,8 @@ pub async fn run(
         verifying: Vec::new(),
     };
     dispatcher.hints.full("start");
-    let mut failures: u32 = 0;
+    // A failed relist is retried after 200 ms doubling to 5 s.
+    let mut retry = Retry::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         if cancel.is_cancelled() {
             return;
@@ -136,14 +138,12 @@ pub async fn run(
             Step::Cancelled => return,
         };
         if failed {
-            failures += 1;
-            let backoff = Duration::from_millis(100 << failures.min(6)).min(Duration::from_secs(5));
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+                () = tokio::time::sleep(retry.next_delay()) => {}
             }
         } else {
-            failures = 0;
+            retry.reset();
         }
     }
 }

@@ -6,6 +6,7 @@
 //! same for one pod. [`generic`] drives it every second (upstream's algorithm);
 //! the eBPF and CRI-event modes drive it from hints.
 
+pub mod cgroup_map;
 pub mod cri_events;
 pub mod ebpf;
 pub mod generic;

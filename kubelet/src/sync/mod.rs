@@ -5,6 +5,8 @@
 //! * [`env`]: environment and the downward API (pure).
 //! * [`objects`], [`recorder`]: what the syncer needs from outside (ConfigMaps
 //!   and Secrets, an event recorder), as traits its constructor takes.
+//! * [`volumes`]: the volume directories a pod needs (IO).
+//! * [`terminate`]: preStop, SIGTERM, SIGKILL, removal, container GC.
 //! * [`syncer`]: [`Syncer`] carries the actions out (images, sandboxes,
 //!   containers, backoff) and terminates pods (preStop, SIGTERM, SIGKILL, removal).
 
@@ -14,5 +16,7 @@ pub mod objects;
 pub mod recorder;
 pub mod spec;
 pub mod syncer;
+pub mod terminate;
+pub mod volumes;
 
 pub use syncer::{SyncOutcome, Syncer};

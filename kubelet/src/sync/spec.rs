@@ -205,34 +205,6 @@ pub fn volume_path(node: &NodeContext, pod: &Pod, name: &str) -> Option<PathBuf>
     )
 }
 
-/// Creates the pod's emptyDir volumes.
-///
-/// # Errors
-/// The IO error with the directory it failed on.
-pub fn prepare_volumes(node: &NodeContext, pod: &Pod) -> Result<(), String> {
-    for v in pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .into_iter()
-        .flatten()
-    {
-        if v.empty_dir.is_some()
-            && let Some(path) = volume_path(node, pod, &v.name)
-        {
-            std::fs::create_dir_all(&path)
-                .map_err(|e| format!("volume {}: {}: {e}", v.name, path.display()))?;
-        }
-        if let Some(hp) = &v.host_path
-            && hp.type_.as_deref() == Some("DirectoryOrCreate")
-        {
-            std::fs::create_dir_all(&hp.path)
-                .map_err(|e| format!("volume {}: {}: {e}", v.name, hp.path))?;
-        }
-    }
-    Ok(())
-}
-
 /// Inputs of a container config beyond the spec.
 #[derive(Debug, Clone)]
 pub struct ContainerContext<'a> {

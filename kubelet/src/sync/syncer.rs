@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use evlet_cri::{ContainerId, RuntimeClient, SandboxId};
+use evlet_cri::{RuntimeClient, SandboxId};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,8 +19,6 @@ use crate::pod;
 use crate::runtime::{Kind, PodStatus, State};
 use crate::status::Waiting;
 
-/// Upstream's `minimumGracePeriodInSeconds`: SIGKILL never comes sooner.
-pub const MIN_GRACE: Duration = Duration::from_secs(2);
 
 /// What one sync did and when the worker should sync again.
 #[derive(Debug, Clone, Default)]
@@ -42,8 +40,8 @@ pub enum SyncError {
     #[error(transparent)]
     Runtime(#[from] evlet_cri::Error),
     /// The pod's volumes could not be prepared.
-    #[error("{0}")]
-    Volumes(String),
+    #[error(transparent)]
+    Volumes(#[from] super::volumes::VolumeError),
     /// The sync was cancelled (the pod is being terminated).
     #[error("sync cancelled")]
     Cancelled,
@@ -52,16 +50,16 @@ pub enum SyncError {
 /// Carries out SyncPod actions and terminations.
 #[derive(Debug)]
 pub struct Syncer {
-    client: RuntimeClient,
-    node: NodeContext,
+    pub(super) client: RuntimeClient,
+    pub(super) node: NodeContext,
     /// CrashLoopBackOff per `<uid>/<container>`.
-    crash: Mutex<Backoff>,
+    pub(super) crash: Mutex<Backoff>,
     /// Image pull backoff per `<uid>/<image>`.
-    pulls: Mutex<Backoff>,
+    pub(super) pulls: Mutex<Backoff>,
     /// Where Kubernetes-style events go (Pulled, Created, Started, Killing, BackOff).
-    events: Arc<dyn EventRecorder>,
+    pub(super) events: Arc<dyn EventRecorder>,
     /// The ConfigMaps and Secrets referenced by env (the API server, or none).
-    objects: Arc<dyn EnvObjects>,
+    pub(super) objects: Arc<dyn EnvObjects>,
 }
 
 impl Syncer {
@@ -86,7 +84,14 @@ impl Syncer {
         }
     }
 
-    fn event(&self, pod: &Pod, container: &str, kind: &str, reason: &str, message: String) {
+    pub(super) fn event(
+        &self,
+        pod: &Pod,
+        container: &str,
+        kind: &str,
+        reason: &str,
+        message: String,
+    ) {
         self.events.record(crate::diagnostics::Event::about(
             pod,
             Some(container),
@@ -157,7 +162,7 @@ impl Syncer {
             self.kill_container(pod, &k.id, &k.name, None).await?;
         }
         let sandbox = if actions.create_sandbox {
-            spec::prepare_volumes(&self.node, pod).map_err(SyncError::Volumes)?;
+            super::volumes::prepare(&self.node, pod)?;
             let log_dir = spec::log_dir(&self.node, pod);
             if let Err(e) = std::fs::create_dir_all(&log_dir) {
                 tracing::warn!(dir = %log_dir.display(), %e, "cannot create pod log directory");
@@ -466,158 +471,6 @@ impl Syncer {
                     },
                     Some(pulls.get(&key)),
                 ))
-            }
-        }
-    }
-
-    /// Stops one container: its preStop hook first (bounded by the grace
-    /// period), then SIGTERM, then SIGKILL after what is left of the grace
-    /// period (at least 2 s).
-    ///
-    /// # Errors
-    /// The StopContainer failure (a container already gone is fine).
-    pub async fn kill_container(
-        &self,
-        pod: &Pod,
-        id: &ContainerId,
-        name: &str,
-        grace: Option<i64>,
-    ) -> Result<(), evlet_cri::Error> {
-        let grace =
-            Duration::from_secs(grace.unwrap_or_else(|| pod::grace_period(pod)).max(0) as u64);
-        self.event(
-            pod,
-            name,
-            "Normal",
-            "Killing",
-            format!("Stopping container {name}"),
-        );
-        let started = Instant::now();
-        let spec = pod.spec.as_ref();
-        let container = spec.and_then(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-                .find(|c| c.name == name)
-        });
-        if let Some(pre_stop) = container
-            .and_then(|c| c.lifecycle.as_ref())
-            .and_then(|l| l.pre_stop.as_ref())
-            && !grace.is_zero()
-        {
-            let run = async {
-                if let Some(cmd) = pre_stop.exec.as_ref().and_then(|e| e.command.clone()) {
-                    match self.client.exec_sync(id, cmd, grace).await {
-                        Ok(out) if out.exit_code != 0 => {
-                            tracing::warn!(container = %name, exit_code = out.exit_code, "preStop hook failed")
-                        }
-                        Ok(_) => {
-                            tracing::info!(pod = %pod::key(pod), container = %name, "preStop hook ran")
-                        }
-                        Err(e) => tracing::warn!(container = %name, %e, "preStop hook failed"),
-                    }
-                } else if let Some(sleep) = &pre_stop.sleep {
-                    tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64)).await;
-                }
-            };
-            if tokio::time::timeout(grace, run).await.is_err() {
-                tracing::warn!(container = %name, "preStop hook did not finish within the grace period");
-            }
-        }
-        let remaining = grace
-            .saturating_sub(started.elapsed())
-            .max(if grace.is_zero() {
-                Duration::ZERO
-            } else {
-                MIN_GRACE
-            });
-        match self.client.stop_container(id, remaining).await {
-            Err(e) if !e.is_not_found() => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    /// Stops every running container of the pod (in parallel), then its sandboxes.
-    ///
-    /// # Errors
-    /// The first StopContainer or StopPodSandbox failure.
-    pub async fn kill_pod(
-        &self,
-        pod: &Pod,
-        status: &PodStatus,
-        grace: Option<i64>,
-    ) -> Result<(), evlet_cri::Error> {
-        let running: Vec<_> = status
-            .containers
-            .iter()
-            .filter(|c| matches!(c.state, State::Running | State::Created | State::Unknown))
-            .collect();
-        // Sidecars stop after the app containers, as upstream.
-        let (sidecars, others): (Vec<_>, Vec<_>) =
-            running.into_iter().partition(|c| c.kind == Kind::Sidecar);
-        for group in [others, sidecars] {
-            let results = futures_util::future::join_all(
-                group
-                    .iter()
-                    .map(|c| self.kill_container(pod, &c.id, &c.name, grace)),
-            )
-            .await;
-            results.into_iter().collect::<Result<Vec<()>, _>>()?;
-        }
-        for s in &status.sandboxes {
-            if let Err(e) = self.client.stop_pod_sandbox(&s.id).await
-                && !e.is_not_found()
-            {
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes every container and sandbox of a terminated pod, its volumes and cgroups.
-    ///
-    /// # Errors
-    /// The first removal failure.
-    pub async fn remove_pod(&self, pod: &Pod, status: &PodStatus) -> Result<(), evlet_cri::Error> {
-        for c in &status.containers {
-            if let Err(e) = self.client.remove_container(&c.id).await
-                && !e.is_not_found()
-            {
-                return Err(e);
-            }
-        }
-        for s in &status.sandboxes {
-            self.client
-                .stop_pod_sandbox(&s.id)
-                .await
-                .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
-            self.client
-                .remove_pod_sandbox(&s.id)
-                .await
-                .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
-        }
-        let pod_dir = spec::pod_dir(&self.node, pod);
-        if pod_dir.exists()
-            && let Err(e) = std::fs::remove_dir_all(&pod_dir)
-        {
-            tracing::warn!(dir = %pod_dir.display(), %e, "cannot remove pod directory");
-        }
-        let logs = spec::log_dir(&self.node, pod);
-        let _ = std::fs::remove_dir_all(logs);
-        crate::cgroups::remove(&spec::pod_cgroup(&self.node, pod));
-        self.forget(&pod::uid(pod));
-        Ok(())
-    }
-
-    /// Removes dead container instances beyond the newest per container name
-    /// (upstream's per-pod container GC keeps one). Dead sandboxes stay until the
-    /// pod is removed: removing one removes its containers, and the newest
-    /// instance of a container (its restart count) may live in it.
-    pub async fn gc_pod(&self, status: &PodStatus) {
-        let mut seen = std::collections::HashSet::new();
-        for c in &status.containers {
-            if !seen.insert(c.name.as_str()) && c.state == State::Exited {
-                let _ = self.client.remove_container(&c.id).await;
             }
         }
     }

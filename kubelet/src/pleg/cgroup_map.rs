@@ -1,0 +1,185 @@
+//! [`CgroupMap`]: which pod and container a cgroup v2 ID belongs to, and
+//! which process is each container's init (invariant 9: only the init's exit
+//! says a container stopped).
+//!
+//! Paths are parsed from cgroupfs (`.../pod<uid>/<id>`) and systemd
+//! (`...-pod<uid>.slice/cri-containerd-<id>.scope`) layouts. The init is the
+//! first process that exec'd in the container's cgroup, or, for containers
+//! found by the start-up scan, the process that is PID 1 of its namespace.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::pod::PodUid;
+
+/// What a cgroup belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// The pod.
+    pub uid: PodUid,
+    /// The container (or sandbox) ID; `None` for the pod's own cgroup.
+    pub container: Option<String>,
+    /// The container's init process (TGID), once known.
+    pub init: Option<u32>,
+}
+
+/// Parses a cgroup path into pod UID and container ID (cgroupfs or systemd layout).
+pub fn parse_path(path: &str) -> Option<(PodUid, Option<String>)> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let (i, uid) = parts.iter().enumerate().find_map(|(i, p)| {
+        let p = p.strip_suffix(".slice").unwrap_or(p);
+        let pod = p
+            .rsplit_once("-pod")
+            .map(|(_, u)| u)
+            .or_else(|| p.strip_prefix("pod"))?;
+        (!pod.is_empty()).then(|| (i, pod.replace('_', "-")))
+    })?;
+    let container = parts.get(i + 1).map(|c| {
+        let c = c.strip_suffix(".scope").unwrap_or(c);
+        c.rsplit_once('-').map_or(c, |(_, id)| id).to_owned()
+    });
+    Some((PodUid(uid), container))
+}
+
+/// What a process exit in a pod's cgroup means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitHint {
+    /// The container's init exited: the container stopped.
+    Init {
+        /// The pod.
+        uid: PodUid,
+        /// The container (or sandbox) ID.
+        container: String,
+    },
+    /// A process exited in a container whose init has not exec'd yet: worth a
+    /// relist, but it says nothing certain about the container.
+    BeforeInit(PodUid),
+}
+
+/// cgroup v2 ID → owner.
+#[derive(Debug, Default)]
+pub struct CgroupMap {
+    by_id: HashMap<u64, Owner>,
+}
+
+impl CgroupMap {
+    /// Records a cgroup at `path` (relative to the cgroup2 mount).
+    pub fn insert(&mut self, id: u64, path: &str) -> Option<&Owner> {
+        let (uid, container) = parse_path(path)?;
+        self.by_id.insert(
+            id,
+            Owner {
+                uid,
+                container,
+                init: None,
+            },
+        );
+        self.by_id.get(&id)
+    }
+
+    /// Forgets a cgroup.
+    pub fn remove(&mut self, id: u64) -> Option<Owner> {
+        self.by_id.remove(&id)
+    }
+
+    /// The owner of a cgroup.
+    pub fn get(&self, id: u64) -> Option<&Owner> {
+        self.by_id.get(&id)
+    }
+
+    /// Notes an exec in a container cgroup: the first one is the container's init.
+    pub fn exec(&mut self, id: u64, tgid: u32) {
+        if let Some(o) = self.by_id.get_mut(&id)
+            && o.container.is_some()
+            && o.init.is_none()
+        {
+            o.init = Some(tgid);
+        }
+    }
+
+    /// What a process exit in cgroup `id` means (invariant 9): the init of a
+    /// container died, a process of a container whose init is not known yet
+    /// exited (runc's set-up stages do, before the entrypoint's exec), or
+    /// nothing (`None`: noise, or not a container's cgroup).
+    pub fn exit_hint(&self, id: u64, tgid: u32) -> Option<ExitHint> {
+        let o = self.by_id.get(&id)?;
+        let container = o.container.as_ref()?;
+        match o.init {
+            Some(init) if init == tgid => Some(ExitHint::Init {
+                uid: o.uid.clone(),
+                container: container.clone(),
+            }),
+            Some(_) => None,
+            None => Some(ExitHint::BeforeInit(o.uid.clone())),
+        }
+    }
+}
+
+/// The PID-1-of-its-namespace process in a cgroup (a container's init).
+pub fn namespace_init(dir: &Path) -> Option<u32> {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    procs
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("NSpid:"))
+                        .map(|l| l.split_whitespace().last() == Some("1"))
+                })
+                .unwrap_or(false)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroupfs_and_systemd_paths_name_pod_and_container() {
+        assert_eq!(
+            parse_path("/kubepods/burstable/pod1234-ab/c0ffee"),
+            Some((PodUid::from("1234-ab"), Some("c0ffee".into())))
+        );
+        assert_eq!(
+            parse_path("/evlet-node-16/kubepods/podu1"),
+            Some((PodUid::from("u1"), None))
+        );
+        assert_eq!(
+            parse_path(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice/cri-containerd-abc.scope"
+            ),
+            Some((PodUid::from("12-34"), Some("abc".into())))
+        );
+        assert_eq!(parse_path("/kubepods/burstable"), None);
+    }
+
+    #[test]
+    fn only_the_init_exit_is_a_hint() {
+        let mut map = CgroupMap::default();
+        map.insert(7, "/kubepods/podu/c1");
+        assert_eq!(
+            map.exit_hint(7, 99),
+            Some(ExitHint::BeforeInit(PodUid::from("u"))),
+            "init unknown (runc's set-up stages): a plain hint, not the container's death"
+        );
+        map.exec(7, 100);
+        map.exec(7, 200);
+        assert_eq!(map.exit_hint(7, 200), None, "a later exec's exit is noise");
+        assert_eq!(
+            map.exit_hint(7, 100),
+            Some(ExitHint::Init {
+                uid: PodUid::from("u"),
+                container: "c1".into()
+            })
+        );
+        map.insert(8, "/kubepods/podu");
+        assert_eq!(
+            map.exit_hint(8, 1),
+            None,
+            "the pod's own cgroup has no init"
+        );
+    }
+}
