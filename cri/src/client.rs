@@ -18,6 +18,7 @@ use crate::api::runtime_service_client::RuntimeServiceClient;
 use crate::error::{Error, ErrorKind};
 use crate::filter::{ContainerFilter, SandboxFilter};
 use crate::ids::{ContainerId, SandboxId};
+use crate::retry::Retry;
 
 /// Deadlines and retry budget of a [`RuntimeClient`].
 #[derive(Debug, Clone)]
@@ -98,6 +99,11 @@ impl Call<'_> {
             ..self
         }
     }
+}
+
+/// The pause before retry `n` (1, 2, …) of an idempotent call: 100 ms doubling to 3.2 s.
+fn read_retry() -> Retry {
+    Retry::new(Duration::from_millis(100), Duration::from_millis(3200))
 }
 
 /// Runs the tonic method `$client.$method` (`$client`: `runtime` or `images`)
@@ -209,6 +215,7 @@ impl RuntimeClient {
                 Idempotent::Yes => self.options.read_attempts.max(1),
                 Idempotent::No => 1,
             };
+            let mut retry = read_retry();
             let mut attempt = 0;
             loop {
                 attempt += 1;
@@ -228,7 +235,7 @@ impl RuntimeClient {
                 };
                 match result {
                     Err(err) if err.kind == ErrorKind::Unavailable && attempt < attempts => {
-                        let backoff = Duration::from_millis(50 << attempt.min(6));
+                        let backoff = retry.next_delay();
                         if Instant::now() + backoff >= deadline {
                             return Err(err);
                         }
@@ -617,5 +624,20 @@ fn image_spec(image: &str) -> api::ImageSpec {
     api::ImageSpec {
         image: image.to_owned(),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_keep_the_delays_of_before_retry() {
+        // The delays the client used before `Retry`: 50 ms << attempt, capped at attempt 6.
+        let mut retry = read_retry();
+        for attempt in 1..10u32 {
+            let before = Duration::from_millis(50 << attempt.min(6));
+            assert_eq!(retry.next_delay(), before, "attempt {attempt}");
+        }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Retryable: [`ErrorKind::Unavailable`] (the runtime is restarting or its socket
 //! is gone) and [`ErrorKind::DeadlineExceeded`]. The client itself retries reads
-//! on `Unavailable` (3 tries, 50 ms doubling, within the call's deadline); callers
-//! retry anything else on their own schedule (the agent's pod-sync backoff).
+//! and idempotent writes on `Unavailable` (`Options::read_attempts` tries, waiting
+//! [`Retry`](crate::Retry) delays from 100 ms doubling, within the call's deadline);
+//! callers retry anything else on their own schedule (the agent's pod-sync backoff).
 
 use std::fmt;
 
