@@ -129,36 +129,25 @@ mod tests {
 
     #[test]
     fn statuses_are_classified() {
+        use ErrorKind::{
+            DeadlineExceeded, InvalidArgument, NotFound, Other, Unavailable, Unsupported,
+        };
+        use tonic::Status;
         let cases = [
+            (Status::not_found("container \"x\" not found"), NotFound),
+            (Status::unknown("an error occurred: not found"), NotFound),
+            (Status::unavailable("connection refused"), Unavailable),
+            (Status::deadline_exceeded("slow"), DeadlineExceeded),
+            (Status::invalid_argument("bad"), InvalidArgument),
             (
-                tonic::Status::not_found("container \"x\" not found"),
-                ErrorKind::NotFound,
+                Status::unimplemented("unknown method GetContainerEvents"),
+                Unsupported,
             ),
             (
-                tonic::Status::unknown("an error occurred: not found"),
-                ErrorKind::NotFound,
+                Status::unknown("server is not initialized yet"),
+                Unavailable,
             ),
-            (
-                tonic::Status::unavailable("connection refused"),
-                ErrorKind::Unavailable,
-            ),
-            (
-                tonic::Status::deadline_exceeded("slow"),
-                ErrorKind::DeadlineExceeded,
-            ),
-            (
-                tonic::Status::invalid_argument("bad"),
-                ErrorKind::InvalidArgument,
-            ),
-            (
-                tonic::Status::unimplemented("unknown method GetContainerEvents"),
-                ErrorKind::Unsupported,
-            ),
-            (
-                tonic::Status::unknown("server is not initialized yet"),
-                ErrorKind::Unavailable,
-            ),
-            (tonic::Status::internal("boom"), ErrorKind::Other),
+            (Status::internal("boom"), Other),
         ];
         for (status, kind) in cases {
             assert_eq!(
