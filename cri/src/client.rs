@@ -1,10 +1,15 @@
 //! [`RuntimeClient`]: the CRI v1 `RuntimeService` and `ImageService` over a Unix socket.
+//!
+//! Each public method builds its request, names its call (a read, or a
+//! mutation that may or may not be retried) and runs it with `rpc!`; how a
+//! call runs (deadline, span, retries) is the `call` module's.
 
-use std::future::Future;
+mod call;
+
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -12,13 +17,13 @@ use tokio_stream::{Stream, StreamExt as _};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::Instrument as _;
 
+use self::call::{Call, Idempotent, required, rpc};
 use crate::api;
 use crate::api::image_service_client::ImageServiceClient;
 use crate::api::runtime_service_client::RuntimeServiceClient;
 use crate::error::{Error, ErrorKind};
 use crate::filter::{ContainerFilter, SandboxFilter};
 use crate::ids::{ContainerId, SandboxId};
-use crate::retry::Retry;
 
 /// Deadlines and retry budget of a [`RuntimeClient`].
 #[derive(Debug, Clone)]
@@ -75,47 +80,6 @@ pub struct RuntimeClient {
     socket: Arc<PathBuf>,
 }
 
-/// One RPC's name, object (for errors and spans), deadline and retry rule.
-#[derive(Debug, Clone, Copy)]
-struct Call<'a> {
-    name: &'static str,
-    object: Option<&'a str>,
-    timeout: Duration,
-    idempotent: Idempotent,
-}
-
-/// Whether a call may be repeated after `Unavailable`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Idempotent {
-    Yes,
-    No,
-}
-
-impl Call<'_> {
-    /// The same call with `extra` added to its deadline (for calls that wait on purpose).
-    fn extended_by(self, extra: Duration) -> Self {
-        Self {
-            timeout: extra + self.timeout,
-            ..self
-        }
-    }
-}
-
-/// The pause before retry `n` (1, 2, …) of an idempotent call: 100 ms doubling to 3.2 s.
-fn read_retry() -> Retry {
-    Retry::new(Duration::from_millis(100), Duration::from_millis(3200))
-}
-
-/// Runs the tonic method `$client.$method` (`$client`: `runtime` or `images`)
-/// on `$request` as the [`Call`] `$call`, through [`RuntimeClient::call`].
-macro_rules! rpc {
-    ($this:ident.$client:ident.$method:ident($request:expr), $call:expr) => {
-        $this.call(&$this.$client, $call, $request, |mut c, r| async move {
-            c.$method(r).await
-        })
-    };
-}
-
 impl RuntimeClient {
     /// A client for `endpoint` (`unix:///path/to.sock` or a plain path). Does no IO.
     ///
@@ -159,102 +123,6 @@ impl RuntimeClient {
     /// The options this client was made with.
     pub fn options(&self) -> &Options {
         &self.options
-    }
-
-    /// A read-only call: the status deadline, retried on `Unavailable`.
-    fn read<'a>(&self, name: &'static str, object: Option<&'a str>) -> Call<'a> {
-        Call {
-            name,
-            object,
-            timeout: self.options.status_timeout,
-            idempotent: Idempotent::Yes,
-        }
-    }
-
-    /// A mutating call (or image pull): the request deadline, retried on
-    /// `Unavailable` only if `idempotent`.
-    fn mutate<'a>(
-        &self,
-        name: &'static str,
-        object: Option<&'a str>,
-        idempotent: Idempotent,
-    ) -> Call<'a> {
-        Call {
-            name,
-            object,
-            timeout: self.options.request_timeout,
-            idempotent,
-        }
-    }
-
-    /// Runs one RPC with a deadline, a span, and (for idempotent calls) retries on `Unavailable`.
-    async fn call<C, Req, Resp, F, Fut>(
-        &self,
-        client: &C,
-        call: Call<'_>,
-        request: Req,
-        rpc: F,
-    ) -> Result<Resp, Error>
-    where
-        C: Clone,
-        Req: Clone,
-        F: Fn(C, tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        let Call {
-            name,
-            object,
-            timeout,
-            idempotent,
-        } = call;
-        let span = tracing::debug_span!("cri", call = name, object = object.unwrap_or(""));
-        async {
-            let started = Instant::now();
-            let deadline = started + timeout;
-            let attempts = match idempotent {
-                Idempotent::Yes => self.options.read_attempts.max(1),
-                Idempotent::No => 1,
-            };
-            let mut retry = read_retry();
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                let mut req = tonic::Request::new(request.clone());
-                req.set_timeout(remaining);
-                let result = match tokio::time::timeout(remaining, rpc(client.clone(), req)).await {
-                    Ok(Ok(resp)) => Ok(resp.into_inner()),
-                    // tonic enforces the grpc-timeout itself and reports it as Cancelled.
-                    Ok(Err(_)) if Instant::now() >= deadline => {
-                        Err(Error::deadline(name, object.map(str::to_owned), timeout))
-                    }
-                    Ok(Err(status)) => {
-                        Err(Error::from_status(name, object.map(str::to_owned), &status))
-                    }
-                    Err(_) => Err(Error::deadline(name, object.map(str::to_owned), timeout)),
-                };
-                match result {
-                    Err(err) if err.kind == ErrorKind::Unavailable && attempt < attempts => {
-                        let backoff = retry.next_delay();
-                        if Instant::now() + backoff >= deadline {
-                            return Err(err);
-                        }
-                        tracing::debug!(attempt, %err, "retrying");
-                        tokio::time::sleep(backoff).await;
-                    }
-                    Err(err) => {
-                        tracing::debug!(elapsed = ?started.elapsed(), %err, "failed");
-                        return Err(err);
-                    }
-                    Ok(resp) => {
-                        tracing::trace!(elapsed = ?started.elapsed(), "ok");
-                        return Ok(resp);
-                    }
-                }
-            }
-        }
-        .instrument(span)
-        .await
     }
 
     /// `Version`: the runtime's name and versions.
@@ -615,29 +483,9 @@ impl RuntimeClient {
     }
 }
 
-/// `field` of `call`'s response, which the CRI spec requires: a malformed-response error if missing.
-fn required<T>(call: Call<'_>, field: Option<T>, what: &str) -> Result<T, Error> {
-    field.ok_or_else(|| Error::malformed(call.name, call.object.map(str::to_owned), what))
-}
-
 fn image_spec(image: &str) -> api::ImageSpec {
     api::ImageSpec {
         image: image.to_owned(),
         ..Default::default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retries_keep_the_delays_of_before_retry() {
-        // The delays the client used before `Retry`: 50 ms << attempt, capped at attempt 6.
-        let mut retry = read_retry();
-        for attempt in 1..10u32 {
-            let before = Duration::from_millis(50 << attempt.min(6));
-            assert_eq!(retry.next_delay(), before, "attempt {attempt}");
-        }
     }
 }
