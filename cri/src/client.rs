@@ -1,10 +1,15 @@
 //! [`RuntimeClient`]: the CRI v1 `RuntimeService` and `ImageService` over a Unix socket.
+//!
+//! Each public method builds its request, names its call (a read, or a
+//! mutation that may or may not be retried) and runs it with `rpc!`; how a
+//! call runs (deadline, span, retries) is the `call` module's.
 
-use std::future::Future;
+mod call;
+
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -12,6 +17,7 @@ use tokio_stream::{Stream, StreamExt as _};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::Instrument as _;
 
+use self::call::{Call, Idempotent, required, rpc};
 use crate::api;
 use crate::api::image_service_client::ImageServiceClient;
 use crate::api::runtime_service_client::RuntimeServiceClient;
@@ -74,22 +80,6 @@ pub struct RuntimeClient {
     socket: Arc<PathBuf>,
 }
 
-/// One RPC's name, object (for errors and spans), deadline and retry rule.
-#[derive(Debug, Clone, Copy)]
-struct Call<'a> {
-    name: &'static str,
-    object: Option<&'a str>,
-    timeout: Duration,
-    idempotent: Idempotent,
-}
-
-/// Whether a call may be repeated after `Unavailable`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Idempotent {
-    Yes,
-    No,
-}
-
 impl RuntimeClient {
     /// A client for `endpoint` (`unix:///path/to.sock` or a plain path). Does no IO.
     ///
@@ -135,117 +125,18 @@ impl RuntimeClient {
         &self.options
     }
 
-    /// Runs one RPC with a deadline, a span, and (for idempotent calls) retries on `Unavailable`.
-    async fn call<C, Req, Resp, F, Fut>(
-        &self,
-        client: &C,
-        call: Call<'_>,
-        request: Req,
-        rpc: F,
-    ) -> Result<Resp, Error>
-    where
-        C: Clone,
-        Req: Clone,
-        F: Fn(C, tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        let Call {
-            name,
-            object,
-            timeout,
-            idempotent,
-        } = call;
-        let span = tracing::debug_span!("cri", call = name, object = object.unwrap_or(""));
-        async {
-            let started = Instant::now();
-            let deadline = started + timeout;
-            let attempts = match idempotent {
-                Idempotent::Yes => self.options.read_attempts.max(1),
-                Idempotent::No => 1,
-            };
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                let mut req = tonic::Request::new(request.clone());
-                req.set_timeout(remaining);
-                let result = match tokio::time::timeout(remaining, rpc(client.clone(), req)).await {
-                    Ok(Ok(resp)) => Ok(resp.into_inner()),
-                    // tonic enforces the grpc-timeout itself and reports it as Cancelled.
-                    Ok(Err(_)) if Instant::now() >= deadline => {
-                        Err(Error::deadline(name, object.map(str::to_owned), timeout))
-                    }
-                    Ok(Err(status)) => {
-                        Err(Error::from_status(name, object.map(str::to_owned), &status))
-                    }
-                    Err(_) => Err(Error::deadline(name, object.map(str::to_owned), timeout)),
-                };
-                match result {
-                    Err(err) if err.kind == ErrorKind::Unavailable && attempt < attempts => {
-                        let backoff = Duration::from_millis(50 << attempt.min(6));
-                        if Instant::now() + backoff >= deadline {
-                            return Err(err);
-                        }
-                        tracing::debug!(attempt, %err, "retrying");
-                        tokio::time::sleep(backoff).await;
-                    }
-                    Err(err) => {
-                        tracing::debug!(elapsed = ?started.elapsed(), %err, "failed");
-                        return Err(err);
-                    }
-                    Ok(resp) => {
-                        tracing::trace!(elapsed = ?started.elapsed(), "ok");
-                        return Ok(resp);
-                    }
-                }
-            }
-        }
-        .instrument(span)
-        .await
-    }
-
-    fn read(&self) -> Duration {
-        self.options.status_timeout
-    }
-
-    fn write(&self) -> Duration {
-        self.options.request_timeout
-    }
-
     /// `Version`: the runtime's name and versions.
     pub async fn version(&self) -> Result<api::VersionResponse, Error> {
         let req = api::VersionRequest {
             version: "v1".into(),
         };
-        self.call(
-            &self.runtime,
-            Call {
-                name: "Version",
-                object: None,
-                timeout: self.read(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.version(r).await },
-        )
-        .await
+        rpc!(self.runtime.version(req), self.read("Version", None)).await
     }
 
     /// `Status`: runtime conditions (RuntimeReady, NetworkReady).
     pub async fn status(&self, verbose: bool) -> Result<api::StatusResponse, Error> {
         let req = api::StatusRequest { verbose };
-        self.call(
-            &self.runtime,
-            Call {
-                name: "Status",
-                object: None,
-                timeout: self.read(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.status(r).await },
-        )
-        .await
+        rpc!(self.runtime.status(req), self.read("Status", None)).await
     }
 
     /// `RunPodSandbox`: creates and starts a sandbox.
@@ -262,19 +153,8 @@ impl RuntimeClient {
             config: Some(config),
             runtime_handler: runtime_handler.to_owned(),
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "RunPodSandbox",
-                    object: object.as_deref(),
-                    timeout: self.write(),
-                    idempotent: Idempotent::No,
-                },
-                req,
-                |mut c, r| async move { c.run_pod_sandbox(r).await },
-            )
-            .await?;
+        let call = self.mutate("RunPodSandbox", object.as_deref(), Idempotent::No);
+        let resp = rpc!(self.runtime.run_pod_sandbox(req), call).await?;
         Ok(SandboxId::new(resp.pod_sandbox_id))
     }
 
@@ -283,19 +163,9 @@ impl RuntimeClient {
         let req = api::StopPodSandboxRequest {
             pod_sandbox_id: id.to_string(),
         };
-        self.call(
-            &self.runtime,
-            Call {
-                name: "StopPodSandbox",
-                object: Some(id.as_str()),
-                timeout: self.write(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.stop_pod_sandbox(r).await },
-        )
-        .await
-        .map(drop)
+        let call = self.mutate("StopPodSandbox", Some(id.as_str()), Idempotent::Yes);
+        rpc!(self.runtime.stop_pod_sandbox(req), call).await?;
+        Ok(())
     }
 
     /// `RemovePodSandbox`: removes a stopped sandbox and its containers. Idempotent.
@@ -303,19 +173,9 @@ impl RuntimeClient {
         let req = api::RemovePodSandboxRequest {
             pod_sandbox_id: id.to_string(),
         };
-        self.call(
-            &self.runtime,
-            Call {
-                name: "RemovePodSandbox",
-                object: Some(id.as_str()),
-                timeout: self.write(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.remove_pod_sandbox(r).await },
-        )
-        .await
-        .map(drop)
+        let call = self.mutate("RemovePodSandbox", Some(id.as_str()), Idempotent::Yes);
+        rpc!(self.runtime.remove_pod_sandbox(req), call).await?;
+        Ok(())
     }
 
     /// `PodSandboxStatus`.
@@ -328,26 +188,9 @@ impl RuntimeClient {
             pod_sandbox_id: id.to_string(),
             verbose,
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "PodSandboxStatus",
-                    object: Some(id.as_str()),
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.pod_sandbox_status(r).await },
-            )
-            .await?;
-        if resp.status.is_none() {
-            return Err(Error::malformed(
-                "PodSandboxStatus",
-                Some(id.to_string()),
-                "no status",
-            ));
-        }
+        let call = self.read("PodSandboxStatus", Some(id.as_str()));
+        let resp = rpc!(self.runtime.pod_sandbox_status(req), call).await?;
+        required(call, resp.status.as_ref(), "no status")?;
         Ok(resp)
     }
 
@@ -359,20 +202,8 @@ impl RuntimeClient {
         let req = api::ListPodSandboxRequest {
             filter: filter.into_api(),
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "ListPodSandbox",
-                    object: None,
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.list_pod_sandbox(r).await },
-            )
-            .await?;
-        Ok(resp.items)
+        let call = self.read("ListPodSandbox", None);
+        Ok(rpc!(self.runtime.list_pod_sandbox(req), call).await?.items)
     }
 
     /// `CreateContainer` in `sandbox`; `sandbox_config` is the config the sandbox was run with.
@@ -391,19 +222,8 @@ impl RuntimeClient {
             config: Some(config),
             sandbox_config: Some(sandbox_config),
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "CreateContainer",
-                    object: object.as_deref(),
-                    timeout: self.write(),
-                    idempotent: Idempotent::No,
-                },
-                req,
-                |mut c, r| async move { c.create_container(r).await },
-            )
-            .await?;
+        let call = self.mutate("CreateContainer", object.as_deref(), Idempotent::No);
+        let resp = rpc!(self.runtime.create_container(req), call).await?;
         Ok(ContainerId::new(resp.container_id))
     }
 
@@ -412,19 +232,9 @@ impl RuntimeClient {
         let req = api::StartContainerRequest {
             container_id: id.to_string(),
         };
-        self.call(
-            &self.runtime,
-            Call {
-                name: "StartContainer",
-                object: Some(id.as_str()),
-                timeout: self.write(),
-                idempotent: Idempotent::No,
-            },
-            req,
-            |mut c, r| async move { c.start_container(r).await },
-        )
-        .await
-        .map(drop)
+        let call = self.mutate("StartContainer", Some(id.as_str()), Idempotent::No);
+        rpc!(self.runtime.start_container(req), call).await?;
+        Ok(())
     }
 
     /// `StopContainer`: SIGTERM (or the image's stop signal), SIGKILL after `grace`. Idempotent.
@@ -433,20 +243,9 @@ impl RuntimeClient {
             container_id: id.to_string(),
             timeout: i64::try_from(grace.as_secs()).unwrap_or(i64::MAX),
         };
-        let deadline = grace + self.write();
-        self.call(
-            &self.runtime,
-            Call {
-                name: "StopContainer",
-                object: Some(id.as_str()),
-                timeout: deadline,
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.stop_container(r).await },
-        )
-        .await
-        .map(drop)
+        let call = self.mutate("StopContainer", Some(id.as_str()), Idempotent::Yes);
+        rpc!(self.runtime.stop_container(req), call.extended_by(grace)).await?;
+        Ok(())
     }
 
     /// `RemoveContainer` (force-removes a running container). Idempotent.
@@ -454,19 +253,9 @@ impl RuntimeClient {
         let req = api::RemoveContainerRequest {
             container_id: id.to_string(),
         };
-        self.call(
-            &self.runtime,
-            Call {
-                name: "RemoveContainer",
-                object: Some(id.as_str()),
-                timeout: self.write(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.remove_container(r).await },
-        )
-        .await
-        .map(drop)
+        let call = self.mutate("RemoveContainer", Some(id.as_str()), Idempotent::Yes);
+        rpc!(self.runtime.remove_container(req), call).await?;
+        Ok(())
     }
 
     /// `ListContainers`.
@@ -477,43 +266,15 @@ impl RuntimeClient {
         let req = api::ListContainersRequest {
             filter: filter.into_api(),
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "ListContainers",
-                    object: None,
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.list_containers(r).await },
-            )
-            .await?;
+        let call = self.read("ListContainers", None);
+        let resp = rpc!(self.runtime.list_containers(req), call).await?;
         Ok(resp.containers)
     }
 
     /// `ContainerStatus`.
     pub async fn container_status(&self, id: &ContainerId) -> Result<api::ContainerStatus, Error> {
-        let req = api::ContainerStatusRequest {
-            container_id: id.to_string(),
-            verbose: false,
-        };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "ContainerStatus",
-                    object: Some(id.as_str()),
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.container_status(r).await },
-            )
-            .await?;
-        resp.status
-            .ok_or_else(|| Error::malformed("ContainerStatus", Some(id.to_string()), "no status"))
+        let (call, resp) = self.container_status_call(id, false).await?;
+        required(call, resp.status, "no status")
     }
 
     /// `ContainerStatus` with `verbose`: the runtime's extra information (for
@@ -522,24 +283,21 @@ impl RuntimeClient {
         &self,
         id: &ContainerId,
     ) -> Result<std::collections::HashMap<String, String>, Error> {
+        Ok(self.container_status_call(id, true).await?.1.info)
+    }
+
+    /// `ContainerStatus`, plain or `verbose`, with the call it ran as.
+    async fn container_status_call<'a>(
+        &self,
+        id: &'a ContainerId,
+        verbose: bool,
+    ) -> Result<(Call<'a>, api::ContainerStatusResponse), Error> {
         let req = api::ContainerStatusRequest {
             container_id: id.to_string(),
-            verbose: true,
+            verbose,
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "ContainerStatus",
-                    object: Some(id.as_str()),
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.container_status(r).await },
-            )
-            .await?;
-        Ok(resp.info)
+        let call = self.read("ContainerStatus", Some(id.as_str()));
+        Ok((call, rpc!(self.runtime.container_status(req), call).await?))
     }
 
     /// The host PID of a running container's init process (containerd's verbose info).
@@ -568,19 +326,13 @@ impl RuntimeClient {
             linux: Some(linux),
             ..Default::default()
         };
-        self.call(
-            &self.runtime,
-            Call {
-                name: "UpdateContainerResources",
-                object: Some(id.as_str()),
-                timeout: self.write(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.update_container_resources(r).await },
-        )
-        .await
-        .map(drop)
+        let call = self.mutate(
+            "UpdateContainerResources",
+            Some(id.as_str()),
+            Idempotent::Yes,
+        );
+        rpc!(self.runtime.update_container_resources(req), call).await?;
+        Ok(())
     }
 
     /// `ReopenContainerLog` (after log rotation).
@@ -588,19 +340,9 @@ impl RuntimeClient {
         let req = api::ReopenContainerLogRequest {
             container_id: id.to_string(),
         };
-        self.call(
-            &self.runtime,
-            Call {
-                name: "ReopenContainerLog",
-                object: Some(id.as_str()),
-                timeout: self.write(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.reopen_container_log(r).await },
-        )
-        .await
-        .map(drop)
+        let call = self.mutate("ReopenContainerLog", Some(id.as_str()), Idempotent::Yes);
+        rpc!(self.runtime.reopen_container_log(req), call).await?;
+        Ok(())
     }
 
     /// `ExecSync`: runs `cmd` in the container and waits up to `timeout` (zero: no limit).
@@ -615,20 +357,8 @@ impl RuntimeClient {
             cmd,
             timeout: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
         };
-        let deadline = timeout + self.write();
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "ExecSync",
-                    object: Some(id.as_str()),
-                    timeout: deadline,
-                    idempotent: Idempotent::No,
-                },
-                req,
-                |mut c, r| async move { c.exec_sync(r).await },
-            )
-            .await?;
+        let call = self.mutate("ExecSync", Some(id.as_str()), Idempotent::No);
+        let resp = rpc!(self.runtime.exec_sync(req), call.extended_by(timeout)).await?;
         Ok(ExecOutput {
             stdout: resp.stdout,
             stderr: resp.stderr,
@@ -639,20 +369,8 @@ impl RuntimeClient {
     /// `Exec`: prepares a streaming exec session and returns its URL.
     pub async fn exec(&self, req: api::ExecRequest) -> Result<String, Error> {
         let id = req.container_id.clone();
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "Exec",
-                    object: Some(&id),
-                    timeout: self.write(),
-                    idempotent: Idempotent::No,
-                },
-                req,
-                |mut c, r| async move { c.exec(r).await },
-            )
-            .await?;
-        Ok(resp.url)
+        let call = self.mutate("Exec", Some(id.as_str()), Idempotent::No);
+        Ok(rpc!(self.runtime.exec(req), call).await?.url)
     }
 
     /// `ContainerStats`.
@@ -660,21 +378,9 @@ impl RuntimeClient {
         let req = api::ContainerStatsRequest {
             container_id: id.to_string(),
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "ContainerStats",
-                    object: Some(id.as_str()),
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.container_stats(r).await },
-            )
-            .await?;
-        resp.stats
-            .ok_or_else(|| Error::malformed("ContainerStats", Some(id.to_string()), "no stats"))
+        let call = self.read("ContainerStats", Some(id.as_str()));
+        let resp = rpc!(self.runtime.container_stats(req), call).await?;
+        required(call, resp.stats, "no stats")
     }
 
     /// `ListContainerStats` (the filter's state is ignored).
@@ -685,20 +391,10 @@ impl RuntimeClient {
         let req = api::ListContainerStatsRequest {
             filter: filter.into_stats_api(),
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "ListContainerStats",
-                    object: None,
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.list_container_stats(r).await },
-            )
-            .await?;
-        Ok(resp.stats)
+        let call = self.read("ListContainerStats", None);
+        Ok(rpc!(self.runtime.list_container_stats(req), call)
+            .await?
+            .stats)
     }
 
     /// `PodSandboxStats`.
@@ -706,21 +402,9 @@ impl RuntimeClient {
         let req = api::PodSandboxStatsRequest {
             pod_sandbox_id: id.to_string(),
         };
-        let resp = self
-            .call(
-                &self.runtime,
-                Call {
-                    name: "PodSandboxStats",
-                    object: Some(id.as_str()),
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.pod_sandbox_stats(r).await },
-            )
-            .await?;
-        resp.stats
-            .ok_or_else(|| Error::malformed("PodSandboxStats", Some(id.to_string()), "no stats"))
+        let call = self.read("PodSandboxStats", Some(id.as_str()));
+        let resp = rpc!(self.runtime.pod_sandbox_stats(req), call).await?;
+        required(call, resp.stats, "no stats")
     }
 
     /// `GetContainerEvents`: the runtime's container event stream (containerd 1.7+).
@@ -749,20 +433,8 @@ impl RuntimeClient {
                 image: Some(image_spec(i)),
             }),
         };
-        let resp = self
-            .call(
-                &self.images,
-                Call {
-                    name: "ListImages",
-                    object: image,
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.list_images(r).await },
-            )
-            .await?;
-        Ok(resp.images)
+        let call = self.read("ListImages", image);
+        Ok(rpc!(self.images.list_images(req), call).await?.images)
     }
 
     /// `ImageStatus`: `None` if the image is not present on the node.
@@ -771,20 +443,8 @@ impl RuntimeClient {
             image: Some(image_spec(image)),
             verbose: false,
         };
-        let resp = self
-            .call(
-                &self.images,
-                Call {
-                    name: "ImageStatus",
-                    object: Some(image),
-                    timeout: self.read(),
-                    idempotent: Idempotent::Yes,
-                },
-                req,
-                |mut c, r| async move { c.image_status(r).await },
-            )
-            .await?;
-        Ok(resp.image)
+        let call = self.read("ImageStatus", Some(image));
+        Ok(rpc!(self.images.image_status(req), call).await?.image)
     }
 
     /// `PullImage`: returns the image reference (digest) the runtime resolved.
@@ -798,20 +458,8 @@ impl RuntimeClient {
             auth: None,
             sandbox_config,
         };
-        let resp = self
-            .call(
-                &self.images,
-                Call {
-                    name: "PullImage",
-                    object: Some(image),
-                    timeout: self.write(),
-                    idempotent: Idempotent::No,
-                },
-                req,
-                |mut c, r| async move { c.pull_image(r).await },
-            )
-            .await?;
-        Ok(resp.image_ref)
+        let call = self.mutate("PullImage", Some(image), Idempotent::No);
+        Ok(rpc!(self.images.pull_image(req), call).await?.image_ref)
     }
 
     /// `RemoveImage`.
@@ -819,34 +467,17 @@ impl RuntimeClient {
         let req = api::RemoveImageRequest {
             image: Some(image_spec(image)),
         };
-        self.call(
-            &self.images,
-            Call {
-                name: "RemoveImage",
-                object: Some(image),
-                timeout: self.write(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.remove_image(r).await },
-        )
-        .await
-        .map(drop)
+        let call = self.mutate("RemoveImage", Some(image), Idempotent::Yes);
+        rpc!(self.images.remove_image(req), call).await?;
+        Ok(())
     }
 
     /// `ImageFsInfo`: usage of the image filesystem(s).
     pub async fn image_fs_info(&self) -> Result<api::ImageFsInfoResponse, Error> {
         let req = api::ImageFsInfoRequest {};
-        self.call(
-            &self.images,
-            Call {
-                name: "ImageFsInfo",
-                object: None,
-                timeout: self.read(),
-                idempotent: Idempotent::Yes,
-            },
-            req,
-            |mut c, r| async move { c.image_fs_info(r).await },
+        rpc!(
+            self.images.image_fs_info(req),
+            self.read("ImageFsInfo", None)
         )
         .await
     }

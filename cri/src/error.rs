@@ -2,8 +2,9 @@
 //!
 //! Retryable: [`ErrorKind::Unavailable`] (the runtime is restarting or its socket
 //! is gone) and [`ErrorKind::DeadlineExceeded`]. The client itself retries reads
-//! on `Unavailable` (3 tries, 50 ms doubling, within the call's deadline); callers
-//! retry anything else on their own schedule (the agent's pod-sync backoff).
+//! and idempotent writes on `Unavailable` (`Options::read_attempts` tries, waiting
+//! [`Retry`](crate::Retry) delays from 100 ms doubling, within the call's deadline);
+//! callers retry anything else on their own schedule (the agent's pod-sync backoff).
 
 use std::fmt;
 
@@ -128,36 +129,25 @@ mod tests {
 
     #[test]
     fn statuses_are_classified() {
+        use ErrorKind::{
+            DeadlineExceeded, InvalidArgument, NotFound, Other, Unavailable, Unsupported,
+        };
+        use tonic::Status;
         let cases = [
+            (Status::not_found("container \"x\" not found"), NotFound),
+            (Status::unknown("an error occurred: not found"), NotFound),
+            (Status::unavailable("connection refused"), Unavailable),
+            (Status::deadline_exceeded("slow"), DeadlineExceeded),
+            (Status::invalid_argument("bad"), InvalidArgument),
             (
-                tonic::Status::not_found("container \"x\" not found"),
-                ErrorKind::NotFound,
+                Status::unimplemented("unknown method GetContainerEvents"),
+                Unsupported,
             ),
             (
-                tonic::Status::unknown("an error occurred: not found"),
-                ErrorKind::NotFound,
+                Status::unknown("server is not initialized yet"),
+                Unavailable,
             ),
-            (
-                tonic::Status::unavailable("connection refused"),
-                ErrorKind::Unavailable,
-            ),
-            (
-                tonic::Status::deadline_exceeded("slow"),
-                ErrorKind::DeadlineExceeded,
-            ),
-            (
-                tonic::Status::invalid_argument("bad"),
-                ErrorKind::InvalidArgument,
-            ),
-            (
-                tonic::Status::unimplemented("unknown method GetContainerEvents"),
-                ErrorKind::Unsupported,
-            ),
-            (
-                tonic::Status::unknown("server is not initialized yet"),
-                ErrorKind::Unavailable,
-            ),
-            (tonic::Status::internal("boom"), ErrorKind::Other),
+            (Status::internal("boom"), Other),
         ];
         for (status, kind) in cases {
             assert_eq!(

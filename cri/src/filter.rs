@@ -5,39 +5,58 @@ use std::collections::HashMap;
 use crate::api;
 use crate::ids::{ContainerId, SandboxId};
 
-/// Filter for [`RuntimeClient::list_pod_sandbox`](crate::RuntimeClient::list_pod_sandbox).
-/// An empty filter lists every sandbox.
-#[derive(Debug, Clone, Default)]
-pub struct SandboxFilter {
-    id: Option<SandboxId>,
-    state: Option<api::PodSandboxState>,
-    labels: HashMap<String, String>,
+/// Declares a filter type with the builder methods every filter has: `new`,
+/// `id`, `state` and `label` (as `ids.rs` declares the ID types).
+macro_rules! filter_type {
+    (
+        $(#[$doc:meta])*
+        $filter:ident { id: $id:ty, state: $state:ty $(, $field:ident: $field_ty:ty)* },
+        $one:literal, $many:literal, $state_note:literal
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Default)]
+        pub struct $filter {
+            id: Option<$id>,
+            $($field: Option<$field_ty>,)*
+            state: Option<$state>,
+            labels: HashMap<String, String>,
+        }
+
+        impl $filter {
+            #[doc = concat!("Matches every ", $one, ".")]
+            pub fn new() -> Self {
+                Self::default()
+            }
+
+            #[doc = concat!("Only the ", $one, " with this ID.")]
+            pub fn id(mut self, id: &$id) -> Self {
+                self.id = Some(id.clone());
+                self
+            }
+
+            #[doc = concat!("Only ", $many, " in this state", $state_note, ".")]
+            pub fn state(mut self, state: $state) -> Self {
+                self.state = Some(state);
+                self
+            }
+
+            #[doc = concat!("Only ", $many, " carrying this label (all given labels must match).")]
+            pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+                self.labels.insert(key.into(), value.into());
+                self
+            }
+        }
+    };
 }
 
+filter_type!(
+    /// Filter for [`RuntimeClient::list_pod_sandbox`](crate::RuntimeClient::list_pod_sandbox).
+    /// An empty filter lists every sandbox.
+    SandboxFilter { id: SandboxId, state: api::PodSandboxState },
+    "sandbox", "sandboxes", ""
+);
+
 impl SandboxFilter {
-    /// Matches every sandbox.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Only the sandbox with this ID.
-    pub fn id(mut self, id: &SandboxId) -> Self {
-        self.id = Some(id.clone());
-        self
-    }
-
-    /// Only sandboxes in this state.
-    pub fn state(mut self, state: api::PodSandboxState) -> Self {
-        self.state = Some(state);
-        self
-    }
-
-    /// Only sandboxes carrying this label (all given labels must match).
-    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.labels.insert(key.into(), value.into());
-        self
-    }
-
     pub(crate) fn into_api(self) -> Option<api::PodSandboxFilter> {
         if self.id.is_none() && self.state.is_none() && self.labels.is_empty() {
             return None;
@@ -52,43 +71,17 @@ impl SandboxFilter {
     }
 }
 
-/// Filter for [`RuntimeClient::list_containers`](crate::RuntimeClient::list_containers)
-/// and the container stats calls. An empty filter lists every container.
-#[derive(Debug, Clone, Default)]
-pub struct ContainerFilter {
-    id: Option<ContainerId>,
-    sandbox: Option<SandboxId>,
-    state: Option<api::ContainerState>,
-    labels: HashMap<String, String>,
-}
+filter_type!(
+    /// Filter for [`RuntimeClient::list_containers`](crate::RuntimeClient::list_containers)
+    /// and the container stats calls. An empty filter lists every container.
+    ContainerFilter { id: ContainerId, state: api::ContainerState, sandbox: SandboxId },
+    "container", "containers", " (ignored by stats calls)"
+);
 
 impl ContainerFilter {
-    /// Matches every container.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Only the container with this ID.
-    pub fn id(mut self, id: &ContainerId) -> Self {
-        self.id = Some(id.clone());
-        self
-    }
-
     /// Only containers of this sandbox.
     pub fn sandbox(mut self, id: &SandboxId) -> Self {
         self.sandbox = Some(id.clone());
-        self
-    }
-
-    /// Only containers in this state (ignored by stats calls).
-    pub fn state(mut self, state: api::ContainerState) -> Self {
-        self.state = Some(state);
-        self
-    }
-
-    /// Only containers carrying this label (all given labels must match).
-    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.labels.insert(key.into(), value.into());
         self
     }
 
@@ -110,14 +103,17 @@ impl ContainerFilter {
         })
     }
 
+    /// The same filter for the stats calls, which cannot filter by state.
     pub(crate) fn into_stats_api(self) -> Option<api::ContainerStatsFilter> {
-        if self.id.is_none() && self.sandbox.is_none() && self.labels.is_empty() {
-            return None;
+        let filter = Self {
+            state: None,
+            ..self
         }
+        .into_api()?;
         Some(api::ContainerStatsFilter {
-            id: self.id.map(|id| id.to_string()).unwrap_or_default(),
-            pod_sandbox_id: self.sandbox.map(|id| id.to_string()).unwrap_or_default(),
-            label_selector: self.labels,
+            id: filter.id,
+            pod_sandbox_id: filter.pod_sandbox_id,
+            label_selector: filter.label_selector,
         })
     }
 }

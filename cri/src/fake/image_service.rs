@@ -1,12 +1,11 @@
 //! `ImageService` of the fake runtime.
 
-use tonic::{Request, Response, Status};
+use tonic::{Request, Status};
 
+use super::runtime_service::Reply;
 use super::state::now_ns;
 use super::{FakeRuntime, lock};
 use crate::api::{self, image_service_server::ImageService};
-
-type Reply<T> = Result<Response<T>, Status>;
 
 fn image(name: &str) -> api::Image {
     api::Image {
@@ -34,79 +33,88 @@ impl ImageService for FakeRuntime {
         &self,
         req: Request<api::ListImagesRequest>,
     ) -> Reply<api::ListImagesResponse> {
-        self.enter("ListImages").await?;
-        let want = req
-            .into_inner()
-            .filter
-            .and_then(|f| f.image)
-            .map(|i| i.image)
-            .unwrap_or_default();
-        let images = lock(&self.shared.state)
-            .images
-            .iter()
-            .filter(|name| want.is_empty() || **name == want)
-            .map(|name| image(name))
-            .collect();
-        Ok(Response::new(api::ListImagesResponse { images }))
+        self.answer("ListImages", req, |req| {
+            let want = req
+                .filter
+                .and_then(|f| f.image)
+                .map(|i| i.image)
+                .unwrap_or_default();
+            let images = lock(&self.shared.state)
+                .images
+                .iter()
+                .filter(|name| want.is_empty() || **name == want)
+                .map(|name| image(name))
+                .collect();
+            Ok(api::ListImagesResponse { images })
+        })
+        .await
     }
 
     async fn image_status(
         &self,
         req: Request<api::ImageStatusRequest>,
     ) -> Reply<api::ImageStatusResponse> {
-        self.enter("ImageStatus").await?;
-        let name = name_of(req.into_inner().image)?;
-        let present = lock(&self.shared.state).images.contains(&name);
-        Ok(Response::new(api::ImageStatusResponse {
-            image: present.then(|| image(&name)),
-            info: Default::default(),
-        }))
+        self.answer("ImageStatus", req, |req| {
+            let name = name_of(req.image)?;
+            let present = lock(&self.shared.state).images.contains(&name);
+            Ok(api::ImageStatusResponse {
+                image: present.then(|| image(&name)),
+                info: Default::default(),
+            })
+        })
+        .await
     }
 
     async fn pull_image(
         &self,
         req: Request<api::PullImageRequest>,
     ) -> Reply<api::PullImageResponse> {
-        self.enter("PullImage").await?;
-        let name = name_of(req.into_inner().image)?;
-        let mut state = lock(&self.shared.state);
-        if !state.pullable.contains(&name) && !state.images.contains(&name) {
-            return Err(Status::not_found(format!(
-                "failed to pull and unpack image \"{name}\": failed to resolve reference \"{name}\": not found"
-            )));
-        }
-        state.add_image(&name);
-        Ok(Response::new(api::PullImageResponse {
-            image_ref: format!("sha256:fake-{name}"),
-        }))
+        self.answer("PullImage", req, |req| {
+            let name = name_of(req.image)?;
+            let mut state = lock(&self.shared.state);
+            if !state.pullable.contains(&name) && !state.images.contains(&name) {
+                return Err(Status::not_found(format!(
+                    "failed to pull and unpack image \"{name}\": failed to resolve reference \"{name}\": not found"
+                )));
+            }
+            state.add_image(&name);
+            Ok(api::PullImageResponse {
+                image_ref: format!("sha256:fake-{name}"),
+            })
+        })
+        .await
     }
 
     async fn remove_image(
         &self,
         req: Request<api::RemoveImageRequest>,
     ) -> Reply<api::RemoveImageResponse> {
-        self.enter("RemoveImage").await?;
-        let name = name_of(req.into_inner().image)?;
-        lock(&self.shared.state).images.remove(&name);
-        Ok(Response::new(api::RemoveImageResponse {}))
+        self.answer("RemoveImage", req, |req| {
+            let name = name_of(req.image)?;
+            lock(&self.shared.state).images.remove(&name);
+            Ok(api::RemoveImageResponse {})
+        })
+        .await
     }
 
     async fn image_fs_info(
         &self,
-        _: Request<api::ImageFsInfoRequest>,
+        req: Request<api::ImageFsInfoRequest>,
     ) -> Reply<api::ImageFsInfoResponse> {
-        self.enter("ImageFsInfo").await?;
-        let count = lock(&self.shared.state).images.len() as u64;
-        Ok(Response::new(api::ImageFsInfoResponse {
-            image_filesystems: vec![api::FilesystemUsage {
-                timestamp: now_ns(),
-                fs_id: Some(api::FilesystemIdentifier {
-                    mountpoint: "/fake".into(),
-                }),
-                used_bytes: Some(api::UInt64Value { value: count << 20 }),
-                inodes_used: Some(api::UInt64Value { value: count }),
-            }],
-            container_filesystems: vec![],
-        }))
+        self.answer("ImageFsInfo", req, |_| {
+            let count = lock(&self.shared.state).images.len() as u64;
+            Ok(api::ImageFsInfoResponse {
+                image_filesystems: vec![api::FilesystemUsage {
+                    timestamp: now_ns(),
+                    fs_id: Some(api::FilesystemIdentifier {
+                        mountpoint: "/fake".into(),
+                    }),
+                    used_bytes: Some(api::UInt64Value { value: count << 20 }),
+                    inodes_used: Some(api::UInt64Value { value: count }),
+                }],
+                container_filesystems: vec![],
+            })
+        })
+        .await
     }
 }

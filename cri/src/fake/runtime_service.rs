@@ -7,12 +7,13 @@ use tokio::sync::broadcast;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::state::now_ns;
+use super::state::{State, now_ns};
 use super::{FakeRuntime, lock};
 use crate::api::{self, runtime_service_server::RuntimeService};
 use crate::ids::ContainerId;
 
-type Reply<T> = Result<Response<T>, Status>;
+/// What a fake RPC answers.
+pub(super) type Reply<T> = Result<Response<T>, Status>;
 
 fn unimplemented<T>(call: &str) -> Reply<T> {
     Err(Status::unimplemented(format!(
@@ -21,196 +22,243 @@ fn unimplemented<T>(call: &str) -> Reply<T> {
 }
 
 impl FakeRuntime {
-    async fn begin(&self, call: &'static str) -> Result<(), Status> {
+    /// Answers one RPC: enters `call` (latency, faults, count), then wraps
+    /// what `f` makes of the request. Every `ImageService` RPC runs here.
+    pub(super) async fn answer<Req, Resp>(
+        &self,
+        call: &'static str,
+        req: Request<Req>,
+        f: impl FnOnce(Req) -> Result<Resp, Status>,
+    ) -> Reply<Resp> {
         self.enter(call).await?;
-        self.tick();
-        Ok(())
+        f(req.into_inner()).map(Response::new)
+    }
+
+    /// [`answer`](Self::answer), after advancing scripted containers: every
+    /// `RuntimeService` RPC runs here.
+    async fn serve<Req, Resp>(
+        &self,
+        call: &'static str,
+        req: Request<Req>,
+        f: impl FnOnce(Req) -> Result<Resp, Status>,
+    ) -> Reply<Resp> {
+        self.answer(call, req, |req| {
+            self.tick();
+            f(req)
+        })
+        .await
+    }
+
+    /// Runs a state transition that yields only events, and publishes them.
+    fn transition(
+        &self,
+        f: impl FnOnce(&mut State) -> Result<Vec<api::ContainerEventResponse>, Status>,
+    ) -> Result<(), Status> {
+        self.apply(|s| Ok(((), f(s)?)))
     }
 }
 
 #[tonic::async_trait]
 impl RuntimeService for FakeRuntime {
-    async fn version(&self, _: Request<api::VersionRequest>) -> Reply<api::VersionResponse> {
-        self.begin("Version").await?;
-        Ok(Response::new(api::VersionResponse {
-            version: "0.1.0".into(),
-            runtime_name: "evlet-fake".into(),
-            runtime_version: "0.1.0".into(),
-            runtime_api_version: "v1".into(),
-        }))
+    async fn version(&self, req: Request<api::VersionRequest>) -> Reply<api::VersionResponse> {
+        self.serve("Version", req, |_| {
+            Ok(api::VersionResponse {
+                version: "0.1.0".into(),
+                runtime_name: "evlet-fake".into(),
+                runtime_version: "0.1.0".into(),
+                runtime_api_version: "v1".into(),
+            })
+        })
+        .await
     }
 
     async fn run_pod_sandbox(
         &self,
         req: Request<api::RunPodSandboxRequest>,
     ) -> Reply<api::RunPodSandboxResponse> {
-        self.begin("RunPodSandbox").await?;
-        let config = req
-            .into_inner()
-            .config
-            .ok_or_else(|| Status::invalid_argument("no config"))?;
-        let id = lock(&self.shared.state).run_sandbox(config)?;
-        Ok(Response::new(api::RunPodSandboxResponse {
-            pod_sandbox_id: id,
-        }))
+        self.serve("RunPodSandbox", req, |req| {
+            let config = req
+                .config
+                .ok_or_else(|| Status::invalid_argument("no config"))?;
+            let pod_sandbox_id = lock(&self.shared.state).run_sandbox(config)?;
+            Ok(api::RunPodSandboxResponse { pod_sandbox_id })
+        })
+        .await
     }
 
     async fn stop_pod_sandbox(
         &self,
         req: Request<api::StopPodSandboxRequest>,
     ) -> Reply<api::StopPodSandboxResponse> {
-        self.begin("StopPodSandbox").await?;
-        let id = req.into_inner().pod_sandbox_id;
-        self.apply(|s| Ok(((), s.stop_sandbox(&id)?)))?;
-        Ok(Response::new(api::StopPodSandboxResponse {}))
+        self.serve("StopPodSandbox", req, |req| {
+            self.transition(|s| s.stop_sandbox(&req.pod_sandbox_id))?;
+            Ok(api::StopPodSandboxResponse {})
+        })
+        .await
     }
 
     async fn remove_pod_sandbox(
         &self,
         req: Request<api::RemovePodSandboxRequest>,
     ) -> Reply<api::RemovePodSandboxResponse> {
-        self.begin("RemovePodSandbox").await?;
-        let id = req.into_inner().pod_sandbox_id;
-        self.apply(|s| Ok(((), s.remove_sandbox(&id)?)))?;
-        Ok(Response::new(api::RemovePodSandboxResponse {}))
+        self.serve("RemovePodSandbox", req, |req| {
+            self.transition(|s| s.remove_sandbox(&req.pod_sandbox_id))?;
+            Ok(api::RemovePodSandboxResponse {})
+        })
+        .await
     }
 
     async fn pod_sandbox_status(
         &self,
         req: Request<api::PodSandboxStatusRequest>,
     ) -> Reply<api::PodSandboxStatusResponse> {
-        self.begin("PodSandboxStatus").await?;
-        let status = lock(&self.shared.state).sandbox_status(&req.into_inner().pod_sandbox_id)?;
-        Ok(Response::new(api::PodSandboxStatusResponse {
-            status: Some(status),
-            info: Default::default(),
-            containers_statuses: vec![],
-            timestamp: now_ns(),
-        }))
+        self.serve("PodSandboxStatus", req, |req| {
+            let status = lock(&self.shared.state).sandbox_status(&req.pod_sandbox_id)?;
+            Ok(api::PodSandboxStatusResponse {
+                status: Some(status),
+                info: Default::default(),
+                containers_statuses: vec![],
+                timestamp: now_ns(),
+            })
+        })
+        .await
     }
 
     async fn list_pod_sandbox(
         &self,
         req: Request<api::ListPodSandboxRequest>,
     ) -> Reply<api::ListPodSandboxResponse> {
-        self.begin("ListPodSandbox").await?;
-        let filter = req.into_inner().filter;
-        let items = lock(&self.shared.state).list_sandboxes(filter.as_ref());
-        Ok(Response::new(api::ListPodSandboxResponse { items }))
+        self.serve("ListPodSandbox", req, |req| {
+            let items = lock(&self.shared.state).list_sandboxes(req.filter.as_ref());
+            Ok(api::ListPodSandboxResponse { items })
+        })
+        .await
     }
 
     async fn create_container(
         &self,
         req: Request<api::CreateContainerRequest>,
     ) -> Reply<api::CreateContainerResponse> {
-        self.begin("CreateContainer").await?;
-        let req = req.into_inner();
-        let config = req
-            .config
-            .ok_or_else(|| Status::invalid_argument("no config"))?;
-        let id = self.apply(|s| s.create_container(&req.pod_sandbox_id, config))?;
-        Ok(Response::new(api::CreateContainerResponse {
-            container_id: id,
-        }))
+        self.serve("CreateContainer", req, |req| {
+            let config = req
+                .config
+                .ok_or_else(|| Status::invalid_argument("no config"))?;
+            let container_id = self.apply(|s| s.create_container(&req.pod_sandbox_id, config))?;
+            Ok(api::CreateContainerResponse { container_id })
+        })
+        .await
     }
 
     async fn start_container(
         &self,
         req: Request<api::StartContainerRequest>,
     ) -> Reply<api::StartContainerResponse> {
-        self.begin("StartContainer").await?;
-        let id = req.into_inner().container_id;
-        self.apply(|s| Ok(((), s.start_container(&id)?)))?;
-        Ok(Response::new(api::StartContainerResponse {}))
+        self.serve("StartContainer", req, |req| {
+            self.transition(|s| s.start_container(&req.container_id))?;
+            Ok(api::StartContainerResponse {})
+        })
+        .await
     }
 
     async fn stop_container(
         &self,
         req: Request<api::StopContainerRequest>,
     ) -> Reply<api::StopContainerResponse> {
-        self.begin("StopContainer").await?;
-        let req = req.into_inner();
-        self.apply(|s| Ok(((), s.stop_container(&req.container_id, req.timeout)?)))?;
-        Ok(Response::new(api::StopContainerResponse {}))
+        self.serve("StopContainer", req, |req| {
+            self.transition(|s| s.stop_container(&req.container_id, req.timeout))?;
+            Ok(api::StopContainerResponse {})
+        })
+        .await
     }
 
     async fn remove_container(
         &self,
         req: Request<api::RemoveContainerRequest>,
     ) -> Reply<api::RemoveContainerResponse> {
-        self.begin("RemoveContainer").await?;
-        let id = req.into_inner().container_id;
-        self.apply(|s| Ok(((), s.remove_container(&id)?)))?;
-        Ok(Response::new(api::RemoveContainerResponse {}))
+        self.serve("RemoveContainer", req, |req| {
+            self.transition(|s| s.remove_container(&req.container_id))?;
+            Ok(api::RemoveContainerResponse {})
+        })
+        .await
     }
 
     async fn list_containers(
         &self,
         req: Request<api::ListContainersRequest>,
     ) -> Reply<api::ListContainersResponse> {
-        self.begin("ListContainers").await?;
-        let filter = req.into_inner().filter;
-        let containers = lock(&self.shared.state).list_containers(filter.as_ref());
-        Ok(Response::new(api::ListContainersResponse { containers }))
+        self.serve("ListContainers", req, |req| {
+            let containers = lock(&self.shared.state).list_containers(req.filter.as_ref());
+            Ok(api::ListContainersResponse { containers })
+        })
+        .await
     }
 
     async fn container_status(
         &self,
         req: Request<api::ContainerStatusRequest>,
     ) -> Reply<api::ContainerStatusResponse> {
-        self.begin("ContainerStatus").await?;
-        let status = lock(&self.shared.state).container_status(&req.into_inner().container_id)?;
-        Ok(Response::new(api::ContainerStatusResponse {
-            status: Some(status),
-            info: Default::default(),
-        }))
+        self.serve("ContainerStatus", req, |req| {
+            let status = lock(&self.shared.state).container_status(&req.container_id)?;
+            Ok(api::ContainerStatusResponse {
+                status: Some(status),
+                info: Default::default(),
+            })
+        })
+        .await
     }
 
     async fn update_container_resources(
         &self,
         req: Request<api::UpdateContainerResourcesRequest>,
     ) -> Reply<api::UpdateContainerResourcesResponse> {
-        self.begin("UpdateContainerResources").await?;
-        lock(&self.shared.state).container_status(&req.into_inner().container_id)?;
-        Ok(Response::new(api::UpdateContainerResourcesResponse {}))
+        self.serve("UpdateContainerResources", req, |req| {
+            lock(&self.shared.state).container_status(&req.container_id)?;
+            Ok(api::UpdateContainerResourcesResponse {})
+        })
+        .await
     }
 
     async fn reopen_container_log(
         &self,
         req: Request<api::ReopenContainerLogRequest>,
     ) -> Reply<api::ReopenContainerLogResponse> {
-        self.begin("ReopenContainerLog").await?;
-        lock(&self.shared.state).require_running(&req.into_inner().container_id)?;
-        Ok(Response::new(api::ReopenContainerLogResponse {}))
+        self.serve("ReopenContainerLog", req, |req| {
+            lock(&self.shared.state).require_running(&req.container_id)?;
+            Ok(api::ReopenContainerLogResponse {})
+        })
+        .await
     }
 
     async fn exec_sync(&self, req: Request<api::ExecSyncRequest>) -> Reply<api::ExecSyncResponse> {
-        self.begin("ExecSync").await?;
-        let req = req.into_inner();
-        lock(&self.shared.state).require_running(&req.container_id)?;
-        let handler = lock(&self.shared.exec).clone();
-        let out = match handler {
-            Some(handler) => handler(&ContainerId::new(req.container_id), &req.cmd),
-            None => crate::ExecOutput {
-                stdout: vec![],
-                stderr: vec![],
-                exit_code: 0,
-            },
-        };
-        Ok(Response::new(api::ExecSyncResponse {
-            stdout: out.stdout,
-            stderr: out.stderr,
-            exit_code: out.exit_code,
-        }))
+        self.serve("ExecSync", req, |req| {
+            lock(&self.shared.state).require_running(&req.container_id)?;
+            let handler = lock(&self.shared.exec).clone();
+            let out = match handler {
+                Some(handler) => handler(&ContainerId::new(req.container_id), &req.cmd),
+                None => crate::ExecOutput {
+                    stdout: vec![],
+                    stderr: vec![],
+                    exit_code: 0,
+                },
+            };
+            Ok(api::ExecSyncResponse {
+                stdout: out.stdout,
+                stderr: out.stderr,
+                exit_code: out.exit_code,
+            })
+        })
+        .await
     }
 
     async fn exec(&self, req: Request<api::ExecRequest>) -> Reply<api::ExecResponse> {
-        self.begin("Exec").await?;
-        let id = req.into_inner().container_id;
-        lock(&self.shared.state).require_running(&id)?;
-        Ok(Response::new(api::ExecResponse {
-            url: format!("http://fake.invalid/exec/{id}"),
-        }))
+        self.serve("Exec", req, |req| {
+            let id = req.container_id;
+            lock(&self.shared.state).require_running(&id)?;
+            Ok(api::ExecResponse {
+                url: format!("http://fake.invalid/exec/{id}"),
+            })
+        })
+        .await
     }
 
     async fn attach(&self, _: Request<api::AttachRequest>) -> Reply<api::AttachResponse> {
@@ -228,56 +276,63 @@ impl RuntimeService for FakeRuntime {
         &self,
         req: Request<api::ContainerStatsRequest>,
     ) -> Reply<api::ContainerStatsResponse> {
-        self.begin("ContainerStats").await?;
-        let id = req.into_inner().container_id;
-        let state = lock(&self.shared.state);
-        let c = state
-            .containers
-            .get(&id)
-            .ok_or_else(|| Status::not_found(format!("container \"{id}\" not found")))?;
-        Ok(Response::new(api::ContainerStatsResponse {
-            stats: Some(stats(c)),
-        }))
+        self.serve("ContainerStats", req, |req| {
+            let id = req.container_id;
+            let state = lock(&self.shared.state);
+            let c = state
+                .containers
+                .get(&id)
+                .ok_or_else(|| Status::not_found(format!("container \"{id}\" not found")))?;
+            Ok(api::ContainerStatsResponse {
+                stats: Some(stats(c)),
+            })
+        })
+        .await
     }
 
     async fn list_container_stats(
         &self,
         req: Request<api::ListContainerStatsRequest>,
     ) -> Reply<api::ListContainerStatsResponse> {
-        self.begin("ListContainerStats").await?;
-        let filter = req.into_inner().filter.unwrap_or_default();
-        let state = lock(&self.shared.state);
-        let stats = state
-            .containers
-            .values()
-            .filter(|c| {
-                (filter.id.is_empty() || c.id == filter.id)
-                    && (filter.pod_sandbox_id.is_empty() || c.sandbox_id == filter.pod_sandbox_id)
-            })
-            .map(stats)
-            .collect();
-        Ok(Response::new(api::ListContainerStatsResponse { stats }))
+        self.serve("ListContainerStats", req, |req| {
+            let filter = req.filter.unwrap_or_default();
+            let state = lock(&self.shared.state);
+            let stats = state
+                .containers
+                .values()
+                .filter(|c| {
+                    (filter.id.is_empty() || c.id == filter.id)
+                        && (filter.pod_sandbox_id.is_empty()
+                            || c.sandbox_id == filter.pod_sandbox_id)
+                })
+                .map(stats)
+                .collect();
+            Ok(api::ListContainerStatsResponse { stats })
+        })
+        .await
     }
 
     async fn pod_sandbox_stats(
         &self,
         req: Request<api::PodSandboxStatsRequest>,
     ) -> Reply<api::PodSandboxStatsResponse> {
-        self.begin("PodSandboxStats").await?;
-        let id = req.into_inner().pod_sandbox_id;
-        let status = lock(&self.shared.state).sandbox_status(&id)?;
-        Ok(Response::new(api::PodSandboxStatsResponse {
-            stats: Some(api::PodSandboxStats {
-                attributes: Some(api::PodSandboxAttributes {
-                    id,
-                    metadata: status.metadata,
-                    labels: status.labels,
-                    annotations: status.annotations,
+        self.serve("PodSandboxStats", req, |req| {
+            let id = req.pod_sandbox_id;
+            let status = lock(&self.shared.state).sandbox_status(&id)?;
+            Ok(api::PodSandboxStatsResponse {
+                stats: Some(api::PodSandboxStats {
+                    attributes: Some(api::PodSandboxAttributes {
+                        id,
+                        metadata: status.metadata,
+                        labels: status.labels,
+                        annotations: status.annotations,
+                    }),
+                    linux: Some(api::LinuxPodSandboxStats::default()),
+                    windows: None,
                 }),
-                linux: Some(api::LinuxPodSandboxStats::default()),
-                windows: None,
-            }),
-        }))
+            })
+        })
+        .await
     }
 
     async fn list_pod_sandbox_stats(
@@ -289,26 +344,30 @@ impl RuntimeService for FakeRuntime {
 
     async fn update_runtime_config(
         &self,
-        _: Request<api::UpdateRuntimeConfigRequest>,
+        req: Request<api::UpdateRuntimeConfigRequest>,
     ) -> Reply<api::UpdateRuntimeConfigResponse> {
-        self.begin("UpdateRuntimeConfig").await?;
-        Ok(Response::new(api::UpdateRuntimeConfigResponse {}))
+        self.serve("UpdateRuntimeConfig", req, |_| {
+            Ok(api::UpdateRuntimeConfigResponse {})
+        })
+        .await
     }
 
-    async fn status(&self, _: Request<api::StatusRequest>) -> Reply<api::StatusResponse> {
-        self.begin("Status").await?;
-        let condition = |kind: &str| api::RuntimeCondition {
-            r#type: kind.into(),
-            status: true,
-            reason: String::new(),
-            message: String::new(),
-        };
-        Ok(Response::new(api::StatusResponse {
-            status: Some(api::RuntimeStatus {
-                conditions: vec![condition("RuntimeReady"), condition("NetworkReady")],
-            }),
-            ..Default::default()
-        }))
+    async fn status(&self, req: Request<api::StatusRequest>) -> Reply<api::StatusResponse> {
+        self.serve("Status", req, |_| {
+            let condition = |kind: &str| api::RuntimeCondition {
+                r#type: kind.into(),
+                status: true,
+                reason: String::new(),
+                message: String::new(),
+            };
+            Ok(api::StatusResponse {
+                status: Some(api::RuntimeStatus {
+                    conditions: vec![condition("RuntimeReady"), condition("NetworkReady")],
+                }),
+                ..Default::default()
+            })
+        })
+        .await
     }
 
     async fn checkpoint_container(
@@ -323,37 +382,40 @@ impl RuntimeService for FakeRuntime {
 
     async fn get_container_events(
         &self,
-        _: Request<api::GetEventsRequest>,
+        req: Request<api::GetEventsRequest>,
     ) -> Reply<Self::GetContainerEventsStream> {
-        self.begin("GetContainerEvents").await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(1024);
-        let mut events = self.shared.events.subscribe();
-        let mut epoch = self.shared.stream_epoch.subscribe();
-        epoch.borrow_and_update();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = epoch.changed() => {
-                        let _ = tx.send(Err(Status::unavailable("event stream dropped by the fake runtime"))).await;
-                        break;
-                    }
-                    event = events.recv() => match event {
-                        Ok(event) => {
-                            if tx.send(Ok(event)).await.is_err() {
-                                break;
-                            }
-                        }
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let _ = tx.send(Err(Status::data_loss(format!("{n} events lost")))).await;
+        self.serve("GetContainerEvents", req, |_| {
+            let (tx, rx) = tokio::sync::mpsc::channel(1024);
+            let mut events = self.shared.events.subscribe();
+            let mut epoch = self.shared.stream_epoch.subscribe();
+            epoch.borrow_and_update();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = epoch.changed() => {
+                            let _ = tx.send(Err(Status::unavailable("event stream dropped by the fake runtime"))).await;
                             break;
                         }
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    },
-                    () = tx.closed() => break,
+                        event = events.recv() => match event {
+                            Ok(event) => {
+                                if tx.send(Ok(event)).await.is_err() {
+                                    break;
+                                }
+                            }
+                            Err(broadcast::error::RecvError::Lagged(n)) => {
+                                let _ = tx.send(Err(Status::data_loss(format!("{n} events lost")))).await;
+                                break;
+                            }
+                            Err(broadcast::error::RecvError::Closed) => break,
+                        },
+                        () = tx.closed() => break,
+                    }
                 }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+            });
+            let stream: Self::GetContainerEventsStream = Box::pin(ReceiverStream::new(rx));
+            Ok(stream)
+        })
+        .await
     }
 
     async fn list_metric_descriptors(
@@ -372,14 +434,16 @@ impl RuntimeService for FakeRuntime {
 
     async fn runtime_config(
         &self,
-        _: Request<api::RuntimeConfigRequest>,
+        req: Request<api::RuntimeConfigRequest>,
     ) -> Reply<api::RuntimeConfigResponse> {
-        self.begin("RuntimeConfig").await?;
-        Ok(Response::new(api::RuntimeConfigResponse {
-            linux: Some(api::LinuxRuntimeConfiguration {
-                cgroup_driver: api::CgroupDriver::Cgroupfs as i32,
-            }),
-        }))
+        self.serve("RuntimeConfig", req, |_| {
+            Ok(api::RuntimeConfigResponse {
+                linux: Some(api::LinuxRuntimeConfiguration {
+                    cgroup_driver: api::CgroupDriver::Cgroupfs as i32,
+                }),
+            })
+        })
+        .await
     }
 }
 
