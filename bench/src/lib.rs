@@ -18,10 +18,15 @@ use serde::Serialize;
 /// p50 / p99 / max of a set of durations, in milliseconds, with the samples.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Summary {
+    /// Number of samples.
     pub n: usize,
+    /// Median.
     pub p50_ms: f64,
+    /// 99th percentile (nearest rank).
     pub p99_ms: f64,
+    /// Largest sample.
     pub max_ms: f64,
+    /// Every sample, in milliseconds.
     pub samples_ms: Vec<f64>,
 }
 
@@ -120,6 +125,7 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// An endpoint at `address` (`host:port`).
     pub fn new(address: &str) -> Self {
         let client =
             Client::builder(hyper_util::rt::TokioExecutor::new()).build(HttpConnector::new());
@@ -158,13 +164,21 @@ impl Endpoint {
 /// How to start the agent under test.
 #[derive(Debug, Clone)]
 pub struct AgentSpec {
+    /// The evlet binary.
     pub binary: PathBuf,
+    /// `--pleg-mode`.
     pub mode: String,
+    /// `--pod-manifest-path`.
     pub manifests: PathBuf,
+    /// `--root-dir`.
     pub root: PathBuf,
+    /// `--container-runtime-endpoint`.
     pub endpoint: String,
+    /// `--cgroup-root`.
     pub cgroup_root: String,
+    /// `--address` of the HTTP endpoint.
     pub address: String,
+    /// Where evlet's JSON log goes.
     pub log: PathBuf,
 }
 
@@ -172,7 +186,9 @@ pub struct AgentSpec {
 #[derive(Debug)]
 pub struct Agent {
     child: tokio::process::Child,
+    /// evlet's PID.
     pub pid: u32,
+    /// Its HTTP endpoint.
     pub http: Endpoint,
     cpu: Option<CpuCgroup>,
 }

@@ -13,37 +13,55 @@ use crate::Summary;
 /// One benchmark invocation.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Results {
+    /// When it started (RFC 3339).
     pub started: String,
+    /// The command line that reproduces it.
     pub command: String,
+    /// `--quick` (a harness check, not a measurement).
     pub quick: bool,
+    /// Where it ran.
     pub machine: Machine,
+    /// One per mode and pod count.
     pub runs: Vec<Run>,
+    /// CRI status call throughput per pod count.
     pub cri: Vec<CriCalls>,
 }
 
 /// Where it ran.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Machine {
+    /// `uname -r`.
     pub kernel: String,
+    /// Online CPUs.
     pub cpus: usize,
+    /// Memory.
     pub memory_gib: f64,
+    /// containerd's version.
     pub containerd: String,
+    /// `release` or `debug`.
     pub evlet_profile: String,
 }
 
 /// One PLEG mode at one pod count.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Run {
+    /// The PLEG mode.
     pub mode: String,
+    /// Pods running during the run.
     pub pods: usize,
     /// Manifests written → every pod Running (seconds), and per pod.
     pub start_total_s: f64,
+    /// Manifest written → that pod Running.
     pub start_per_pod: Option<Summary>,
+    /// How often `/pods` was polled for the start figures.
     pub start_poll_ms: u64,
     /// CPU over the idle window, percent of one core.
     pub idle_window_s: f64,
+    /// evlet's CPU over the idle window, percent of one core.
     pub evlet_cpu_pct: f64,
+    /// containerd's CPU over the idle window, percent of one core.
     pub containerd_cpu_pct: f64,
+    /// evlet's resident memory after the idle window.
     pub evlet_rss_mib: f64,
     /// SIGKILL of a container's init → the PLEG's ContainerDied event (evlet's log).
     pub kill_to_event: Option<Summary>,
@@ -60,9 +78,11 @@ pub struct Run {
 /// CRI status calls against the real runtime with `pods` pods (the PLEG cost model).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CriCalls {
+    /// Pods in the runtime.
     pub pods: usize,
     /// PodSandboxStatus + ContainerStatus, one pair at a time.
     pub sequential_calls_per_s: f64,
+    /// Latency of one pair.
     pub pair_latency: Option<Summary>,
     /// The same with 8 pairs in flight.
     pub concurrent8_calls_per_s: f64,

@@ -39,7 +39,7 @@ impl fmt::Display for ErrorKind {
 }
 
 /// A failed CRI call: which call, on which object, what kind of failure, and the runtime's message.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("cri {call}{}: {kind}: {message}", object.as_deref().map(|o| format!(" {o}")).unwrap_or_default())]
 pub struct Error {
     /// The RPC, e.g. `ContainerStatus`.

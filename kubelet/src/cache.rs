@@ -17,11 +17,22 @@ use crate::lock::lock;
 use crate::pod::PodUid;
 use crate::runtime::PodStatus;
 
+/// Why a pod's entry holds no status.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CacheError {
+    /// The runtime answered the pod's status read with an error.
+    #[error(transparent)]
+    Runtime(#[from] evlet_cri::Error),
+    /// The PLEG stopped (the agent is shutting down): nothing newer will come.
+    #[error("pod cache writer stopped")]
+    WriterStopped,
+}
+
 /// One pod's cached status.
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// The runtime status, or the error reading it.
-    pub status: Result<Arc<PodStatus>, String>,
+    pub status: Result<Arc<PodStatus>, CacheError>,
     /// When the relist that produced it started.
     pub modified: Instant,
 }
@@ -73,7 +84,7 @@ pub fn new() -> (CacheWriter, PodCache) {
 impl CacheWriter {
     /// Stores `uid`'s status as of `time` (when the read started). An older write
     /// never replaces a newer one.
-    pub fn set(&self, uid: &PodUid, status: Result<PodStatus, String>, time: Instant) {
+    pub fn set(&self, uid: &PodUid, status: Result<PodStatus, CacheError>, time: Instant) {
         {
             let mut inner = lock(&self.shared.inner);
             if inner.pods.get(uid).is_some_and(|e| e.modified > time) {
@@ -189,7 +200,7 @@ impl PodCache {
                         Instant::now() - std::time::Duration::from_secs(1 << 20),
                     )
                     .unwrap_or(Entry {
-                        status: Err("pod cache writer stopped".into()),
+                        status: Err(CacheError::WriterStopped),
                         modified: min,
                     });
             }
@@ -248,7 +259,11 @@ mod tests {
         let uid = PodUid::from("p");
         let now = Instant::now();
         writer.set(&uid, Ok(PodStatus::empty(uid.clone())), now);
-        writer.set(&uid, Err("stale".into()), now - Duration::from_secs(1));
+        writer.set(
+            &uid,
+            Err(CacheError::WriterStopped),
+            now - Duration::from_secs(1),
+        );
         assert!(cache.get(&uid).expect("entry").status.is_ok());
     }
 }

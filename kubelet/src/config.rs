@@ -164,21 +164,35 @@ const KNOWN: &[&str] = &[
     "registerWithTaints",
 ];
 
+/// A taint of `--register-with-taints` that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("taint {taint:?}: {problem}")]
+pub struct InvalidTaint {
+    /// The taint as written.
+    pub taint: String,
+    /// What is wrong with it.
+    pub problem: &'static str,
+}
+
 /// Parses `--register-with-taints` (`key=value:Effect,key:Effect`).
 ///
 /// # Errors
-/// A message naming the bad taint.
-pub fn parse_taints(s: &str) -> Result<Vec<k8s_openapi::api::core::v1::Taint>, String> {
+/// [`InvalidTaint`] naming the bad taint.
+pub fn parse_taints(s: &str) -> Result<Vec<k8s_openapi::api::core::v1::Taint>, InvalidTaint> {
     s.split(',')
         .filter(|t| !t.trim().is_empty())
         .map(|t| {
             let t = t.trim();
+            let invalid = |problem| InvalidTaint {
+                taint: t.to_owned(),
+                problem,
+            };
             let (kv, effect) = t
                 .rsplit_once(':')
-                .ok_or_else(|| format!("taint {t:?}: expected key[=value]:Effect"))?;
+                .ok_or_else(|| invalid("expected key[=value]:Effect"))?;
             if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-                return Err(format!(
-                    "taint {t:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
+                return Err(invalid(
+                    "effect must be NoSchedule, PreferNoSchedule or NoExecute",
                 ));
             }
             let (key, value) = match kv.split_once('=') {
@@ -186,7 +200,7 @@ pub fn parse_taints(s: &str) -> Result<Vec<k8s_openapi::api::core::v1::Taint>, S
                 None => (kv, None),
             };
             if key.is_empty() {
-                return Err(format!("taint {t:?}: empty key"));
+                return Err(invalid("empty key"));
             }
             Ok(k8s_openapi::api::core::v1::Taint {
                 key: key.to_owned(),
@@ -326,7 +340,7 @@ mod tests {
         );
         assert_eq!((t[1].key.as_str(), t[1].value.as_deref()), ("gpu", None));
         let err = parse_taints("a=b:Sometimes").expect_err("bad effect");
-        assert!(err.contains("a=b:Sometimes"), "{err}");
+        assert!(err.to_string().contains("a=b:Sometimes"), "{err}");
     }
 
     #[test]

@@ -125,7 +125,7 @@ fn effective(flags: Flags) -> Result<Config> {
         max_pods: flags.max_pods.or(file.max_pods).unwrap_or(config::MAX_PODS),
         register_with_taints: match &flags.register_with_taints {
             Some(s) => config::parse_taints(s)
-                .map_err(anyhow::Error::msg)
+                .map_err(anyhow::Error::from)
                 .context("--register-with-taints")?,
             None => file.register_with_taints.unwrap_or_default(),
         },

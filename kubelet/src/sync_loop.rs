@@ -38,10 +38,15 @@ pub struct SyncLoop {
     pub config: PodConfig,
     /// Desired pods by UID (upstream's pod manager).
     pub pods: BTreeMap<PodUid, Pod>,
+    /// The pod workers.
     pub workers: PodWorkers,
+    /// The pod cache (orphans and container GC read it).
     pub cache: PodCache,
+    /// Backoff GC and per-pod container GC.
     pub syncer: Arc<Syncer>,
+    /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// What the HTTP endpoint serves (sources-ready flag).
     pub served: Arc<Served>,
     /// The hinted PLEG's hints (agent-initiated removals are announced there).
     pub hints: Option<Arc<Hints>>,
@@ -52,9 +57,11 @@ pub struct SyncLoop {
 /// The sync loop's part of API-server mode.
 #[derive(Debug)]
 pub struct ApiState {
+    /// The status manager (final deletes of gracefully deleted pods).
     pub manager: Arc<StatusManager>,
     /// Static pods, for the mirror manager.
     pub statics: watch::Sender<api::mirror::Statics>,
+    /// What admission fits pods into.
     pub allocatable: Allocatable,
     /// Pods rejected at admission (never started).
     pub rejected: BTreeSet<PodUid>,

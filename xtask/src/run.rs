@@ -85,12 +85,7 @@ pub fn run(version: Version, duration: Option<u64>, args: &[String]) -> Result<(
     setup::setup()?;
     let node = Node::new(version);
     node.up()?;
-    sh::run(&mut sh::cargo(&[
-        "build",
-        "--locked",
-        "--package",
-        "evlet",
-    ]))?;
+    sh::run(&mut sh::cargo(&["build", "--locked", "--package", "evlet"]))?;
     let evlet = paths::repo().join("target/debug/evlet");
     let root = node.dir.join("evlet");
     let mut cmd = Command::new(&evlet);

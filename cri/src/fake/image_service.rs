@@ -3,7 +3,7 @@
 use tonic::{Request, Status};
 
 use super::runtime_service::Reply;
-use super::state::now_ns;
+use super::state::{State, now_ns};
 use super::{FakeRuntime, lock};
 use crate::api::{self, image_service_server::ImageService};
 
@@ -21,10 +21,44 @@ fn image(name: &str) -> api::Image {
     }
 }
 
-fn name_of(spec: Option<api::ImageSpec>) -> Result<String, Status> {
-    spec.map(|s| s.image)
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| Status::invalid_argument("no image name"))
+/// A request that names one image.
+trait NamesImage {
+    fn image(self) -> Option<api::ImageSpec>;
+}
+
+macro_rules! names_image {
+    ($($req:ty),*) => {$(
+        impl NamesImage for $req {
+            fn image(self) -> Option<api::ImageSpec> {
+                self.image
+            }
+        }
+    )*};
+}
+names_image!(
+    api::ImageStatusRequest,
+    api::PullImageRequest,
+    api::RemoveImageRequest
+);
+
+impl FakeRuntime {
+    /// Answers an RPC about one image: `f` gets its name and the model.
+    async fn on_image<Req: NamesImage, Resp>(
+        &self,
+        call: &'static str,
+        req: Request<Req>,
+        f: impl FnOnce(String, &mut State) -> Result<Resp, Status>,
+    ) -> Reply<Resp> {
+        self.answer(call, req, |req| {
+            let name = req
+                .image()
+                .map(|s| s.image)
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| Status::invalid_argument("no image name"))?;
+            f(name, &mut lock(&self.shared.state))
+        })
+        .await
+    }
 }
 
 #[tonic::async_trait]
@@ -54,9 +88,8 @@ impl ImageService for FakeRuntime {
         &self,
         req: Request<api::ImageStatusRequest>,
     ) -> Reply<api::ImageStatusResponse> {
-        self.answer("ImageStatus", req, |req| {
-            let name = name_of(req.image)?;
-            let present = lock(&self.shared.state).images.contains(&name);
+        self.on_image("ImageStatus", req, |name, state| {
+            let present = state.images.contains(&name);
             Ok(api::ImageStatusResponse {
                 image: present.then(|| image(&name)),
                 info: Default::default(),
@@ -69,9 +102,7 @@ impl ImageService for FakeRuntime {
         &self,
         req: Request<api::PullImageRequest>,
     ) -> Reply<api::PullImageResponse> {
-        self.answer("PullImage", req, |req| {
-            let name = name_of(req.image)?;
-            let mut state = lock(&self.shared.state);
+        self.on_image("PullImage", req, |name, state| {
             if !state.pullable.contains(&name) && !state.images.contains(&name) {
                 return Err(Status::not_found(format!(
                     "failed to pull and unpack image \"{name}\": failed to resolve reference \"{name}\": not found"
@@ -89,9 +120,8 @@ impl ImageService for FakeRuntime {
         &self,
         req: Request<api::RemoveImageRequest>,
     ) -> Reply<api::RemoveImageResponse> {
-        self.answer("RemoveImage", req, |req| {
-            let name = name_of(req.image)?;
-            lock(&self.shared.state).images.remove(&name);
+        self.on_image("RemoveImage", req, |name, state| {
+            state.images.remove(&name);
             Ok(api::RemoveImageResponse {})
         })
         .await

@@ -189,11 +189,33 @@ impl Container {
     }
 }
 
-fn labels_match(
-    have: &std::collections::HashMap<String, String>,
-    want: &std::collections::HashMap<String, String>,
-) -> bool {
-    want.iter().all(|(k, v)| have.get(k) == Some(v))
+/// What a list filter asks of a sandbox or container, as containerd matches
+/// it: an ID prefix, a state, labels (each empty or absent: anything).
+struct Wanted<'a> {
+    id: &'a str,
+    state: Option<i32>,
+    labels: &'a std::collections::HashMap<String, String>,
+}
+
+impl<'a> Wanted<'a> {
+    fn of(
+        id: &'a str,
+        state: Option<i32>,
+        labels: &'a std::collections::HashMap<String, String>,
+    ) -> Self {
+        Self { id, state, labels }
+    }
+
+    fn matches(
+        &self,
+        id: &str,
+        state: i32,
+        labels: &std::collections::HashMap<String, String>,
+    ) -> bool {
+        id.starts_with(self.id)
+            && self.state.is_none_or(|s| s == state)
+            && self.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+    }
 }
 
 impl State {
@@ -324,9 +346,12 @@ impl State {
             .values()
             .filter(|s| {
                 filter.is_none_or(|f| {
-                    (f.id.is_empty() || s.id.starts_with(&f.id))
-                        && f.state.as_ref().is_none_or(|st| st.state == s.state as i32)
-                        && labels_match(&s.config.labels, &f.label_selector)
+                    Wanted::of(
+                        &f.id,
+                        f.state.as_ref().map(|st| st.state),
+                        &f.label_selector,
+                    )
+                    .matches(&s.id, s.state as i32, &s.config.labels)
                 })
             })
             .map(Sandbox::item)
@@ -532,11 +557,13 @@ impl State {
             .values()
             .filter(|c| {
                 filter.is_none_or(|f| {
-                    (f.id.is_empty() || c.id.starts_with(&f.id))
-                        && (f.pod_sandbox_id.is_empty()
-                            || c.sandbox_id.starts_with(&f.pod_sandbox_id))
-                        && f.state.as_ref().is_none_or(|st| st.state == c.state as i32)
-                        && labels_match(&c.config.labels, &f.label_selector)
+                    (f.pod_sandbox_id.is_empty() || c.sandbox_id.starts_with(&f.pod_sandbox_id))
+                        && Wanted::of(
+                            &f.id,
+                            f.state.as_ref().map(|st| st.state),
+                            &f.label_selector,
+                        )
+                        .matches(&c.id, c.state as i32, &c.config.labels)
                 })
             })
             .map(Container::item)

@@ -394,7 +394,6 @@ impl Probes {
     }
 }
 
-
 fn set_prefix(ebpf: &mut Ebpf, prefix: &str) -> Result<(), Error> {
     if prefix.len() > PREFIX_LEN {
         return Err(Error::PrefixTooLong {

@@ -150,7 +150,10 @@ pub async fn run_node(
 }
 
 /// Tells the status manager which mirror pods exist.
-pub async fn forward_mirrors(mut mirrors: tokio::sync::watch::Receiver<pods::Mirrors>, manager: std::sync::Arc<status::StatusManager>) {
+pub async fn forward_mirrors(
+    mut mirrors: tokio::sync::watch::Receiver<pods::Mirrors>,
+    manager: std::sync::Arc<status::StatusManager>,
+) {
     while mirrors.changed().await.is_ok() {
         let current = mirrors.borrow_and_update().clone();
         manager.set_mirrors(&current);

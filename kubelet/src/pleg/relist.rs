@@ -199,7 +199,7 @@ impl Relister {
                 self.reinspect.insert(uid.clone());
                 // A runtime that is down says nothing about the pod: keep the last good entry.
                 if !err.is_retryable() {
-                    self.cache.set(uid, Err(err.to_string()), at);
+                    self.cache.set(uid, Err(err.clone().into()), at);
                 }
                 Err(err)
             }

@@ -19,7 +19,6 @@ use crate::pod;
 use crate::runtime::{Kind, PodStatus, State};
 use crate::status::Waiting;
 
-
 /// What one sync did and when the worker should sync again.
 #[derive(Debug, Clone, Default)]
 pub struct SyncOutcome {
