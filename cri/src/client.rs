@@ -5,16 +5,16 @@
 //! call runs (deadline, span, retries) is the `call` module's.
 
 mod call;
+mod dial;
 
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
+use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt as _};
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tracing::Instrument as _;
 
 use self::call::{Call, Idempotent, required, rpc};
@@ -78,6 +78,9 @@ pub struct RuntimeClient {
     images: ImageServiceClient<Channel>,
     options: Options,
     socket: Arc<PathBuf>,
+    /// The PID of the process that accepted the newest connection
+    /// (`SO_PEERCRED`): it changes when the runtime restarts.
+    peer: Arc<watch::Sender<Option<u32>>>,
 }
 
 impl RuntimeClient {
@@ -99,20 +102,22 @@ impl RuntimeClient {
             }
         };
         let socket = Arc::new(PathBuf::from(path));
-        let connector_socket = Arc::clone(&socket);
-        // The URI is required by tonic but unused: every connection dials the socket.
-        let channel = Endpoint::from_static("http://localhost")
-            .connect_timeout(Duration::from_secs(5))
-            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                let socket = Arc::clone(&connector_socket);
-                async move { UnixStream::connect(&*socket).await.map(TokioIo::new) }
-            }));
+        let peer = Arc::new(watch::Sender::new(None));
+        let channel = dial::channel(Arc::clone(&socket), Arc::clone(&peer));
         Ok(Self {
             runtime: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20),
             images: ImageServiceClient::new(channel).max_decoding_message_size(64 << 20),
             options,
             socket,
+            peer,
         })
+    }
+
+    /// The PID of the runtime process that accepted this client's newest
+    /// connection (`None` before the first call). A new PID means the runtime
+    /// restarted; whatever it forgot or did meanwhile must be read again.
+    pub fn runtime_pid(&self) -> watch::Receiver<Option<u32>> {
+        self.peer.subscribe()
     }
 
     /// The socket this client dials.

@@ -24,7 +24,9 @@ use crate::metrics::{Metrics, ModeLabel};
 use crate::pleg::ebpf::EbpfSource;
 use crate::pleg::hints::Hints;
 use crate::pleg::relist::{CHANNEL_CAPACITY, Relister};
-use crate::pleg::{Health, PodLifecycleEvent, RELIST_THRESHOLD, cri_events, generic, hinted};
+use crate::pleg::{
+    Health, PodLifecycleEvent, RELIST_THRESHOLD, cri_events, generic, hinted, restarts,
+};
 use crate::runtime::Runtime;
 use crate::server::{self, Served};
 use crate::source::{self, PodConfig, Source, SourceMessage};
@@ -254,6 +256,11 @@ async fn start_pleg(
             ));
         }
         Some(hints) => {
+            tokio::spawn(restarts::run(
+                client.clone(),
+                Arc::clone(hints),
+                shutdown.child_token(),
+            ));
             let period = if mode == PlegMode::Ebpf {
                 config.ebpf_relist_period
             } else {

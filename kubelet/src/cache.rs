@@ -57,7 +57,13 @@ pub struct PodCache {
     shared: Arc<Shared>,
 }
 
-/// Write side: exactly one exists, owned by the PLEG.
+/// Write side: exactly one exists, owned by the PLEG. It cannot be cloned,
+/// so a second writer cannot appear by accident:
+///
+/// ```compile_fail
+/// let (writer, _reader) = evlet::cache::new();
+/// let second = writer.clone();
+/// ```
 #[derive(Debug)]
 pub struct CacheWriter {
     shared: Arc<Shared>,

@@ -25,6 +25,13 @@ pub struct ModeLabel {
     pub mode: String,
 }
 
+/// Label set `{reason="lost_events"}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why.
+    pub reason: String,
+}
+
 /// Label set of OOM kills.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OomLabel {
@@ -62,6 +69,8 @@ pub struct Metrics {
     /// Full relists that counted missed events (periodic safety relists and
     /// verifications).
     pub pleg_counted_relists: Counter,
+    /// Full relists done, by why they were needed.
+    pub pleg_full_relists: Family<ReasonLabel, Counter>,
     /// How long a kernel-reported exit waited for the runtime to show it, from
     /// the first read that did not, seconds.
     pub pleg_expectation_wait: Histogram,
@@ -125,6 +134,7 @@ impl Metrics {
             pleg_hint_latency: Histogram::new(buckets_latency()),
             pleg_missed_events: Counter::default(),
             pleg_counted_relists: Counter::default(),
+            pleg_full_relists: Family::default(),
             pleg_expectation_wait: Histogram::new(buckets_wait()),
             pleg_expectations: Gauge::default(),
             pleg_quiet_proofs: Counter::default(),
@@ -184,6 +194,11 @@ impl Metrics {
             "evlet_pleg_counted_relists",
             "Full relists that counted missed events",
             m.pleg_counted_relists.clone(),
+        );
+        registry.register(
+            "evlet_pleg_full_relists",
+            "Full relists done, by why they were needed",
+            m.pleg_full_relists.clone(),
         );
         registry.register(
             "evlet_pleg_expectation_wait_seconds",

@@ -607,3 +607,111 @@ async fn a_kubeconfig_client_registers_over_http_with_its_token() {
         .expect_err("no file");
     assert!(err.to_string().contains("nope"), "{err}");
 }
+
+/// Sends one raw request to the mock and returns the status code.
+async fn raw(
+    api: &MockApi,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: serde_json::Value,
+) -> u16 {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", content_type)
+        .body(serde_json::to_vec(&body).expect("json"))
+        .expect("request");
+    match api.client().request_text(request).await {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("unexpected client error {e}"),
+    }
+}
+
+/// The mock is as strict as the API server where a mistake of evlet's
+/// would otherwise pass unnoticed: patch formats, strategic-merge order
+/// directives, the kind and namespace of created objects.
+#[tokio::test]
+async fn the_mock_refuses_what_the_api_server_refuses() {
+    let api = MockApi::new();
+    api.create(
+        "pods",
+        "default",
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
+    );
+    let path = "/api/v1/namespaces/default/pods/p/status";
+    let conditions = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    assert_eq!(
+        raw(&api, "PATCH", path, "application/json", conditions.clone()).await,
+        415,
+        "a PATCH must name a patch format"
+    );
+    assert_eq!(
+        raw(
+            &api,
+            "PATCH",
+            path,
+            "application/strategic-merge-patch+json",
+            conditions.clone()
+        )
+        .await,
+        200
+    );
+    let bad_order = json!({"status": {
+        "$setElementOrder/conditions": [{"type": "Initialized"}],
+        "conditions": [{"type": "Ready", "status": "True"}]
+    }});
+    assert_eq!(
+        raw(
+            &api,
+            "PATCH",
+            path,
+            "application/strategic-merge-patch+json",
+            bad_order
+        )
+        .await,
+        400,
+        "an element missing from $setElementOrder"
+    );
+    let good_order = json!({"status": {
+        "$setElementOrder/conditions": [{"type": "Initialized"}, {"type": "Ready"}],
+        "conditions": [{"type": "Ready", "status": "True"}]
+    }});
+    assert_eq!(
+        raw(
+            &api,
+            "PATCH",
+            path,
+            "application/strategic-merge-patch+json",
+            good_order
+        )
+        .await,
+        200
+    );
+    let wrong_kind = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}});
+    assert_eq!(
+        raw(
+            &api,
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            "application/json",
+            wrong_kind
+        )
+        .await,
+        400
+    );
+    let wrong_ns =
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q", "namespace": "other"}});
+    assert_eq!(
+        raw(
+            &api,
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            "application/json",
+            wrong_ns
+        )
+        .await,
+        400
+    );
+}

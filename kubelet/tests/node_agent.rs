@@ -69,10 +69,23 @@ async fn init_then_two_containers_run_with_logs_in_the_pods_layout() {
             let one_started = container(&status, "one")
                 .and_then(|c| c.state.as_ref())
                 .and_then(|s| s.running.as_ref())
-                .and_then(|r| r.started_at.clone());
+                .and_then(|r| r.started_at.clone())
+                .expect("one's startedAt")
+                .0;
+            let init_finished = init.finished_at.clone().expect("init's finishedAt").0;
             assert!(
-                init.finished_at <= one_started,
-                "init finished before the app containers started"
+                init_finished <= one_started,
+                "init finished ({init_finished}) before the app containers started ({one_started})"
+            );
+            // The init's own clock reading, written just before it exited.
+            let marker: i128 = std::fs::read_to_string(host.path().join("init-done"))
+                .expect("the init container's marker")
+                .trim()
+                .parse()
+                .expect("nanoseconds");
+            assert!(
+                marker <= one_started.as_nanosecond(),
+                "the init's marker ({marker} ns) predates one's start ({one_started})"
             );
             assert!(
                 status
@@ -182,13 +195,24 @@ async fn a_crashing_container_enters_crash_loop_back_off() {
             })
             .await;
         assert_eq!(c.last_state.and_then(|l| l.terminated).map(|t| t.exit_code), Some(3));
-        // Upstream's delays: restart 1 after 10 s, restart 2 after 20 s more (loosely).
+        // Upstream's delays: the first restart 10 s after the first exit, the
+        // second 20 s after the second exit: one restart at 25 s, the second at 28–35 s.
         let restarts_at_25s = agent
             .wait_status(&pod, "25 s of crash loop", Duration::from_secs(60), |s| {
                 (started.elapsed() >= Duration::from_secs(25)).then(|| container(s, "app").map_or(0, |c| c.restart_count))
             })
             .await;
-        assert!((1..=3).contains(&restarts_at_25s), "backoff 10 s then 20 s allows 1 to 3 restarts in 25 s, saw {restarts_at_25s}");
+        assert_eq!(restarts_at_25s, 1, "one restart in 25 s (backoff 10 s, then 20 s)");
+        agent
+            .wait_status(&pod, "the second restart", Duration::from_secs(20), |s| {
+                container(s, "app").filter(|c| c.restart_count >= 2).map(|_| ())
+            })
+            .await;
+        let second = started.elapsed();
+        assert!(
+            (Duration::from_secs(28)..=Duration::from_secs(35)).contains(&second),
+            "the second restart comes 20 s after the first one's exit: at {second:?}"
+        );
         agent.stop().await;
     })
     .await;

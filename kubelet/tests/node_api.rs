@@ -162,6 +162,11 @@ async fn a_deleted_api_pod_is_terminated_gracefully_then_deleted_for_good() {
                 took >= Duration::from_millis(1900),
                 "waited the grace period: {took:?}"
             );
+            // SIGKILL at 2 s, then removal, the last status and the final DELETE.
+            assert!(
+                took <= Duration::from_secs(5),
+                "deleted soon after the grace period: {took:?}"
+            );
             let deletes = api.requests_matching("DELETE", &format!("/pods/{name}"));
             assert_eq!(deletes.len(), 1, "one final delete");
             let options = deletes[0].body.clone().expect("DeleteOptions");

@@ -11,7 +11,7 @@ use evlet::metrics::Metrics;
 use evlet::pleg::Health;
 use evlet::pleg::ebpf::Quiet;
 use evlet::pleg::hinted::{self, Timing};
-use evlet::pleg::hints::Hints;
+use evlet::pleg::hints::{Hints, Reason};
 use evlet::pleg::relist::Relister;
 use evlet::pod::{PodUid, labels};
 use evlet::runtime::Runtime;
@@ -30,10 +30,12 @@ use tokio_util::sync::CancellationToken;
 const IMAGE: &str = "evlet.local/test:v1";
 
 struct Rig {
-    _server: FakeServer,
+    server: FakeServer,
     workers: PodWorkers,
     hints: Arc<Hints>,
     metrics: Arc<Metrics>,
+    cache: evlet::cache::PodCache,
+    kernel: Arc<std::sync::Mutex<Kernel>>,
     pods: Arc<std::sync::Mutex<Vec<Pod>>>,
     shutdown: CancellationToken,
     _root: tempfile::TempDir,
@@ -53,26 +55,36 @@ fn timing() -> Timing {
         fast_step: Duration::from_millis(5),
         slow_step: Duration::from_millis(50),
         full_after: Duration::from_secs(5),
-        prove_for: Duration::from_secs(1),
+        prove_for: Duration::from_millis(200),
         grace: Duration::from_millis(200),
     }
 }
 
+/// How the fake kernel behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// Deaths become exit hints; proofs are answered after each drain.
+    Normal,
+    /// The reader is dead: no hints, no proofs.
+    Dead,
+    /// The loss counter cannot be read: hints flow, proofs are not given.
+    LossUnreadable,
+    /// The next drain finds lost records: a full relist is asked for, then
+    /// the proof is answered (as the real reader does).
+    LossFound,
+}
+
 /// The kernel of this rig: turns the fake's process deaths into exit hints,
-/// and answers quiet proofs after handing over every death so far.
-fn fake_kernel(server: &FakeServer, hints: Arc<Hints>, quiet: Arc<Quiet>, stop: CancellationToken) {
+/// and answers quiet proofs after handing over every death so far, through
+/// the same `Quiet::drained` rule as the real reader.
+fn fake_kernel(
+    server: &FakeServer,
+    hints: Arc<Hints>,
+    quiet: Arc<Quiet>,
+    mode: Arc<std::sync::Mutex<Kernel>>,
+    stop: CancellationToken,
+) {
     let runtime = server.runtime().clone();
-    let drain = move || {
-        for death in runtime.take_deaths() {
-            if let Some(uid) = death.labels.get(labels::POD_UID) {
-                hints.exit(
-                    PodUid(uid.clone()),
-                    death.container_id,
-                    evlet_ebpf::monotonic_ns(),
-                );
-            }
-        }
-    };
     tokio::spawn(async move {
         loop {
             let proof = tokio::select! {
@@ -80,21 +92,51 @@ fn fake_kernel(server: &FakeServer, hints: Arc<Hints>, quiet: Arc<Quiet>, stop: 
                 () = quiet.requested() => Some(Instant::now()),
                 () = tokio::time::sleep(Duration::from_millis(1)) => None,
             };
-            drain();
+            let now = *mode.lock().expect("mode");
+            if now == Kernel::Dead {
+                continue;
+            }
+            for death in runtime.take_deaths() {
+                if let Some(uid) = death.labels.get(labels::POD_UID) {
+                    hints.exit(
+                        PodUid(uid.clone()),
+                        death.container_id,
+                        evlet_ebpf::monotonic_ns(),
+                    );
+                }
+            }
+            if now == Kernel::LossFound && proof.is_some() {
+                hints.full(Reason::LostEvents, "fake kernel");
+                *mode.lock().expect("mode") = Kernel::Normal;
+            }
             if let Some(at) = proof {
-                quiet.answer(at);
+                quiet.drained(at, now != Kernel::LossUnreadable);
             }
         }
     });
 }
 
+/// The hint source of a rig.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The fake kernel (`ebpf` mode's shape, with quiet proofs).
+    Kernel,
+    /// The fake runtime's CRI event stream (`cri-events` mode).
+    CriEvents,
+}
+
 async fn rig(exit_lag: Duration) -> Rig {
+    rig_with(exit_lag, Source::Kernel).await
+}
+
+async fn rig_with(exit_lag: Duration, source: Source) -> Rig {
     let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
     server.runtime().set_exit_lag(exit_lag);
     let client = RuntimeClient::connect(&server.endpoint(), Options::default()).expect("endpoint");
     let root = tempfile::tempdir().expect("root");
     let metrics = Arc::new(Metrics::new());
     let (writer, reader) = cache::new();
+    let reader_for_tests = reader.clone();
     let (events, mut events_rx) = mpsc::channel(1000);
     let shutdown = CancellationToken::new();
     let hints = Arc::new(Hints::default());
@@ -106,16 +148,27 @@ async fn rig(exit_lag: Duration) -> Rig {
         Arc::clone(&metrics),
         Arc::new(Health::default()),
     );
-    fake_kernel(
-        &server,
-        Arc::clone(&hints),
-        Arc::clone(&quiet),
-        shutdown.clone(),
-    );
+    let kernel = Arc::new(std::sync::Mutex::new(Kernel::Normal));
+    match source {
+        Source::Kernel => fake_kernel(
+            &server,
+            Arc::clone(&hints),
+            Arc::clone(&quiet),
+            Arc::clone(&kernel),
+            shutdown.clone(),
+        ),
+        Source::CriEvents => {
+            tokio::spawn(evlet::pleg::cri_events::run(
+                client.clone(),
+                Arc::clone(&hints),
+                shutdown.clone(),
+            ));
+        }
+    }
     tokio::spawn(hinted::run(
         relister,
         Arc::clone(&hints),
-        Some(quiet),
+        (source == Source::Kernel).then_some(quiet),
         timing(),
         Arc::clone(&metrics),
         shutdown.clone(),
@@ -163,10 +216,12 @@ async fn rig(exit_lag: Duration) -> Rig {
         }
     });
     Rig {
-        _server: server,
+        server,
         workers,
         hints,
         metrics,
+        cache: reader_for_tests,
+        kernel,
         pods,
         shutdown,
         _root: root,
@@ -202,6 +257,78 @@ impl Rig {
         );
     }
 
+    fn set_kernel(&self, k: Kernel) {
+        *self.kernel.lock().expect("mode") = k;
+    }
+
+    /// Full relists done for `reason` (0 before the first).
+    fn full_relists(&self, reason: &str) -> f64 {
+        let name = format!("evlet_pleg_full_relists_total{{reason=\"{reason}\"}}");
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Asks for `uid`'s entry newer than 10 ms ago, as a worker's periodic sync does,
+    /// and says how the dispatcher answered within `limit` (`None`: not yet).
+    async fn freshness(&self, uid: &str, limit: Duration) -> Option<Answer> {
+        let proofs = self.metric("evlet_pleg_quiet_proofs_total");
+        let relists = self.metric("kubelet_pleg_pod_relist_duration_seconds_count");
+        // A worker asks for an entry newer than its last sync, a while ago
+        // (a proof vouches up to its drain, minus 2 ms for records in flight).
+        // Work already under way (a relist in flight) may land meanwhile: pick
+        // an instant after which the entry stayed as it was.
+        let mut since = Instant::now();
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if self.cache.fresh(&PodUid::from(uid), since).is_none() {
+                break;
+            }
+            since = Instant::now();
+        }
+        assert!(
+            self.cache.fresh(&PodUid::from(uid), since).is_none(),
+            "the entry keeps changing by itself"
+        );
+        self.hints.fresh(PodUid::from(uid), since);
+        let fresh = tokio::time::timeout(limit, async {
+            while self.cache.fresh(&PodUid::from(uid), since).is_none() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .is_ok();
+        if !fresh {
+            assert_eq!(
+                self.metric("evlet_pleg_quiet_proofs_total"),
+                proofs,
+                "no proof for a pod that is not fresh"
+            );
+            return None;
+        }
+        Some(if self.metric("evlet_pleg_quiet_proofs_total") > proofs {
+            Answer::Proven
+        } else if self.metric("kubelet_pleg_pod_relist_duration_seconds_count") > relists {
+            Answer::Relisted
+        } else {
+            Answer::FullRelist
+        })
+    }
+
+    fn app_id(&self, uid: &str) -> evlet_cri::ContainerId {
+        let state = self.server.runtime().snapshot();
+        let id = state
+            .containers
+            .values()
+            .filter(|c| c.config.labels.get(labels::POD_UID).map(String::as_str) == Some(uid))
+            .find(|c| c.config.metadata.as_ref().is_some_and(|m| m.name == "app"))
+            .map(|c| c.id.clone())
+            .expect("the app container");
+        evlet_cri::ContainerId::new(id)
+    }
+
     fn app_running(&self, uid: &str) -> bool {
         self.workers.view(&PodUid::from(uid)).is_some_and(|v| {
             v.status
@@ -211,6 +338,40 @@ impl Rig {
                 .any(|c| c.name == "app" && c.state.as_ref().is_some_and(|s| s.running.is_some()))
         })
     }
+}
+
+/// How a freshness request was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// A quiet proof vouched for the entry (no runtime read).
+    Proven,
+    /// The pod was read again.
+    Relisted,
+    /// A full relist stamped every entry.
+    FullRelist,
+}
+
+fn app_pod(uid: &str) -> Pod {
+    serde_yaml::from_str(&format!(
+        "metadata: {{name: {uid}, namespace: default, uid: {uid}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: app, image: {IMAGE}}}\n"
+    ))
+    .expect("pod")
+}
+
+/// Starts an app pod and waits until it runs and its post-sync relist is done.
+async fn running_pod(rig: &Rig, uid: &str) {
+    rig.add(&app_pod(uid));
+    eventually(Duration::from_secs(10), "the app running", || async {
+        rig.app_running(uid).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(5), "the pod settled", || async {
+        (rig.hints.settled(&PodUid::from(uid)) && rig.metric("evlet_pleg_expectations") == 0.0)
+            .then_some(())
+    })
+    .await;
+    // The start's own PLEG events wake the worker a few more times.
+    tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
 fn quick_init_pod(uid: &str) -> Pod {
@@ -249,4 +410,132 @@ async fn init_containers_that_exit_at_once_never_hold_back_a_burst_behind_a_slow
         "the exits waited for the runtime, so expectations were exercised"
     );
     assert_eq!(rig.metric("evlet_pleg_expectations"), 0.0, "none left open");
+}
+
+/// A quiet pod's freshness is proven without a runtime read; every condition
+/// under which the kernel cannot vouch for it makes the dispatcher read it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quiet_proof_is_refused_whenever_the_kernel_cannot_vouch_for_the_pod() {
+    let rig = rig(Duration::from_millis(500)).await;
+    running_pod(&rig, "q").await;
+    let limit = Duration::from_secs(3);
+    assert_eq!(
+        rig.freshness("q", limit).await,
+        Some(Answer::Proven),
+        "quiet: proven"
+    );
+
+    // A SyncPod running with a hint pending: nothing answers until it ends.
+    rig.hints.suspend(PodUid::from("q"));
+    rig.hints.pod(PodUid::from("q"), None);
+    assert_eq!(
+        rig.freshness("q", Duration::from_millis(300)).await,
+        None,
+        "held while it syncs"
+    );
+    rig.hints.resume(PodUid::from("q"), false);
+    eventually(limit, "the held hint relisted", || async {
+        rig.hints.settled(&PodUid::from("q")).then_some(())
+    })
+    .await;
+
+    for (kernel, why) in [
+        (Kernel::Dead, "a dead reader"),
+        (Kernel::LossUnreadable, "an unreadable loss counter"),
+    ] {
+        rig.set_kernel(kernel);
+        assert_eq!(
+            rig.freshness("q", limit).await,
+            Some(Answer::Relisted),
+            "{why}: relisted"
+        );
+        rig.set_kernel(Kernel::Normal);
+    }
+
+    let lost = rig.full_relists("lost_events");
+    rig.set_kernel(Kernel::LossFound);
+    let answer = rig.freshness("q", limit).await;
+    assert_ne!(
+        answer,
+        Some(Answer::Proven),
+        "a full relist due: not proven"
+    );
+    assert!(answer.is_some(), "the full relist answers");
+    assert!(rig.full_relists("lost_events") > lost, "and it ran");
+
+    // The kernel saw the app die; the runtime shows it 500 ms later.
+    assert!(
+        rig.server
+            .runtime()
+            .exit_container(&rig.app_id("q"), 137, "Error")
+    );
+    eventually(limit, "the expectation open", || async {
+        (rig.metric("evlet_pleg_expectations") == 1.0).then_some(())
+    })
+    .await;
+    let answer = rig.freshness("q", limit).await;
+    assert_ne!(
+        answer,
+        Some(Answer::Proven),
+        "an unconfirmed exit: not proven"
+    );
+}
+
+/// Invariant 4 holds for expectations too: while the pod's SyncPod runs, its
+/// unconfirmed exit is not polled; afterwards it is, and it is confirmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expected_exit_is_not_polled_while_its_pod_syncs() {
+    let rig = rig(Duration::from_millis(800)).await;
+    running_pod(&rig, "s").await;
+    assert!(
+        rig.server
+            .runtime()
+            .exit_container(&rig.app_id("s"), 137, "Error")
+    );
+    eventually(Duration::from_secs(3), "the expectation open", || async {
+        (rig.metric("evlet_pleg_expectations") == 1.0).then_some(())
+    })
+    .await;
+    rig.hints.suspend(PodUid::from("s"));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let polls = rig.server.runtime().calls("ContainerStatus");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        rig.server.runtime().calls("ContainerStatus"),
+        polls,
+        "no poll while the pod syncs"
+    );
+    rig.hints.resume(PodUid::from("s"), false);
+    eventually(Duration::from_secs(3), "the exit confirmed", || async {
+        (rig.metric("evlet_pleg_expectations") == 0.0).then_some(())
+    })
+    .await;
+    assert!(
+        rig.server.runtime().calls("ContainerStatus") > polls,
+        "polled after"
+    );
+}
+
+/// The CRI event stream has no replay: losing it costs a full relist, and so
+/// does each reconnection.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_cri_event_stream_costs_a_full_relist() {
+    let rig = rig_with(Duration::ZERO, Source::CriEvents).await;
+    eventually(Duration::from_secs(5), "the stream connected", || async {
+        (rig.full_relists("stream_connected") >= 1.0).then_some(())
+    })
+    .await;
+    rig.server.runtime().drop_event_streams();
+    eventually(
+        Duration::from_secs(3),
+        "a full relist for the lost stream",
+        || async { (rig.full_relists("stream_lost") >= 1.0).then_some(()) },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(5),
+        "reconnected and relisted",
+        || async { (rig.full_relists("stream_connected") >= 2.0).then_some(()) },
+    )
+    .await;
 }

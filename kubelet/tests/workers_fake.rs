@@ -183,6 +183,12 @@ async fn init_containers_finish_before_app_containers_start() {
     };
     let (i1, i2, app) = (by_name("i1"), by_name("i2"), by_name("app"));
     assert!(
+        i1.finished_at > 0 && i2.finished_at > 0,
+        "both init containers finished: {} {}",
+        i1.finished_at,
+        i2.finished_at
+    );
+    assert!(
         i1.finished_at <= i2.created_at,
         "i2 was created after i1 finished"
     );
@@ -262,4 +268,72 @@ async fn a_completed_pod_succeeds_and_its_sandbox_stops() {
         1,
         "a succeeded container under OnFailure is not restarted"
     );
+}
+
+/// While StartContainer is slow, the container exists in `Created` state and
+/// relists keep waking the worker: it must wait for a cache newer than its own
+/// sync, never take the half-done state for a missing container, and create
+/// each container exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_start_creates_each_container_exactly_once() {
+    let rig = rig().await;
+    rig.server.runtime().inject(
+        "StartContainer",
+        Fault::Delay(Duration::from_millis(300)),
+        None,
+    );
+    let p = pod(
+        "slowstart",
+        &format!(
+            "  containers:\n  - {{name: a, image: {IMAGE}}}\n  - {{name: b, image: {IMAGE}}}\n"
+        ),
+    );
+    add(&rig, &p);
+    for _ in 0..30 {
+        rig.workers.update(p.clone(), UpdateKind::Sync);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually(Duration::from_secs(10), "Running", || async {
+        (phase(&rig, "slowstart").as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rt = rig.server.runtime();
+    assert_eq!(
+        (rt.calls("CreateContainer"), rt.calls("StartContainer")),
+        (2, 2),
+        "one create and one start per container"
+    );
+}
+
+/// An image that cannot be pulled leaves the container waiting with
+/// `ErrImagePull` and the runtime's reason, and starts nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_image_waits_with_err_image_pull() {
+    let rig = rig().await;
+    let p = pod(
+        "noimage",
+        "  containers:\n  - {name: app, image: registry.invalid/missing:v1, imagePullPolicy: Always}\n",
+    );
+    add(&rig, &p);
+    let waiting = eventually(Duration::from_secs(10), "ErrImagePull", || async {
+        rig.workers
+            .view(&PodUid::from("noimage"))?
+            .status
+            .container_statuses?
+            .into_iter()
+            .find(|c| c.name == "app")?
+            .state?
+            .waiting
+            .filter(|w| w.reason.as_deref() == Some("ErrImagePull"))
+    })
+    .await;
+    let message = waiting.message.unwrap_or_default();
+    assert!(
+        message.contains("failed to pull image \"registry.invalid/missing:v1\"")
+            && message.contains("not found"),
+        "{message}"
+    );
+    assert_eq!(rig.server.runtime().calls("CreateContainer"), 0);
+    assert_eq!(phase(&rig, "noimage").as_deref(), Some("Pending"));
 }

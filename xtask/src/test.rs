@@ -7,14 +7,18 @@
 //! `cargo xtask bench --quick` then proves the benchmark harness works. A privileged
 //! test that cannot run fails under `CI=true` (see `evlet-testkit`).
 
-use std::time::Instant;
+use std::fs;
+use std::io::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::containerd::Version;
 use crate::node::Node;
 use crate::sh::cargo;
-use crate::{setup, sh};
+use crate::{paths, setup, sh};
 
 /// Options of `cargo xtask test`.
 #[derive(Debug, clap::Args)]
@@ -100,72 +104,178 @@ fn with_tests<'a>(mut args: Vec<&'a str>, tests: &'a [String]) -> Vec<&'a str> {
     args
 }
 
+/// A `cargo test` command as CI runs it: a privileged test that cannot run
+/// fails instead of skipping, here as in CI.
+fn cargo_test(args: &[&str]) -> Command {
+    let mut cmd = cargo(args);
+    cmd.env("CI", "true");
+    cmd
+}
+
+/// Times a stage and says how long it took.
+fn stage<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let started = Instant::now();
+    let result = f();
+    eprintln!(
+        "test: stage {name} {} in {:.0?}",
+        if result.is_ok() { "passed" } else { "FAILED" },
+        started.elapsed()
+    );
+    result
+}
+
+/// One containerd line's node suites, run in a thread of its own against the
+/// line's own containerd; everything they print goes to `log`.
+fn run_line(node: &Node, node_targets: &[String], log: &Path) -> Result<()> {
+    let mut out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let mut suites: Vec<(Vec<&str>, &str)> = vec![(
+        with_tests(vec!["test", "--locked"], node_targets),
+        "generic",
+    )];
+    if node_targets.iter().any(|t| t == E2E_SUITE) {
+        for mode in pleg_modes(node.version) {
+            suites.push((vec!["test", "--locked", "--test", E2E_SUITE], mode));
+        }
+    }
+    for (args, mode) in suites {
+        let mut cmd = cargo_test(&args);
+        cmd.envs(node.env())
+            .env("EVLET_E2E_PLEG", mode)
+            .stdout(out.try_clone()?)
+            .stderr(out.try_clone()?);
+        let line = format!("{} (EVLET_E2E_PLEG={mode})", sh::display(&cmd));
+        writeln!(out, "$ {line}")?;
+        let started = Instant::now();
+        let status = cmd
+            .status()
+            .with_context(|| format!("cannot start `{line}`"))?;
+        writeln!(
+            out,
+            "test: `{line}`: {status} after {:.0?}",
+            started.elapsed()
+        )?;
+        if !status.success() {
+            bail!("`{line}` failed: {status}");
+        }
+    }
+    Ok(())
+}
+
+/// The node suites of every containerd line: the nodes come up one after the
+/// other (their downloads share one private APT cache), then each line runs
+/// in parallel on its own containerd (two agents on one runtime would take
+/// each other's pods for orphans). Each line's output is printed whole when it
+/// ends.
+fn node_suites(options: &Options, node_targets: &[String]) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut up = Vec::new();
+    for version in &options.containerd {
+        let node = Node::new(*version);
+        match node.up() {
+            Ok(()) => up.push(node),
+            Err(err) => failures.push(format!("containerd {version}: node up: {err:#}")),
+        }
+    }
+    let logs = paths::repo().join("target/test-logs");
+    if let Err(err) = fs::create_dir_all(&logs) {
+        failures.push(format!("{}: {err}", logs.display()));
+        return failures;
+    }
+    std::thread::scope(|scope| {
+        let running: Vec<_> = up
+            .iter()
+            .map(|node| {
+                let log = logs.join(format!("node-{}.log", node.version));
+                let handle = scope.spawn({
+                    let log = log.clone();
+                    move || {
+                        let started = Instant::now();
+                        (run_line(node, node_targets, &log), started.elapsed())
+                    }
+                });
+                (node, log, handle)
+            })
+            .collect();
+        for (node, log, handle) in running {
+            let (result, took) = handle.join().unwrap_or_else(|_| {
+                (
+                    Err(anyhow::anyhow!("the test thread panicked")),
+                    Duration::ZERO,
+                )
+            });
+            eprintln!(
+                "\n======== containerd {}: node suites {} in {took:.0?} ({}) ========",
+                node.version,
+                if result.is_ok() { "passed" } else { "FAILED" },
+                log.display()
+            );
+            eprintln!("{}", fs::read_to_string(&log).unwrap_or_default());
+            if let Err(err) = result {
+                failures.push(format!("containerd {}: {err:#}", node.version));
+            }
+        }
+    });
+    for node in &up {
+        if let Err(err) = node.down() {
+            failures.push(format!("containerd {} teardown: {err:#}", node.version));
+        }
+    }
+    failures
+}
+
 /// Runs the whole suite; the first failing stage ends it with an error.
 pub fn test(options: &Options) -> Result<()> {
     let started = Instant::now();
     setup::setup()?;
     if !options.no_lint {
-        sh::run(&mut cargo(&["fmt", "--all", "--", "--check"]))
-            .context("formatting differs: run `cargo fmt --all`")?;
-        sh::run(&mut cargo(&[
-            "clippy",
-            "--locked",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
+        stage("lint", || {
+            sh::run(&mut cargo(&["fmt", "--all", "--", "--check"]))
+                .context("formatting differs: run `cargo fmt --all`")?;
+            sh::run(&mut cargo(&[
+                "clippy",
+                "--locked",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))
+        })?;
     }
     let targets = test_targets()?;
-    sh::run(&mut cargo(&with_tests(
-        vec!["test", "--locked", "--lib", "--bins"],
-        &targets.plain,
-    )))?;
-    sh::run(&mut cargo(&["test", "--locked", "--doc"]))?;
-    if !targets.kernel.is_empty() {
-        sh::run(&mut cargo(&with_tests(
-            vec!["test", "--locked"],
-            &targets.kernel,
+    stage("build", || {
+        sh::run(&mut cargo_test(&["test", "--locked", "--no-run"]))
+    })?;
+    stage("plain tests", || {
+        sh::run(&mut cargo_test(&with_tests(
+            vec!["test", "--locked", "--lib", "--bins"],
+            &targets.plain,
         )))?;
+        sh::run(&mut cargo_test(&["test", "--locked", "--doc"]))
+    })?;
+    if !targets.kernel.is_empty() {
+        stage("kernel tests", || {
+            sh::run(&mut cargo_test(&with_tests(
+                vec!["test", "--locked"],
+                &targets.kernel,
+            )))
+        })?;
     }
-    let mut failures = Vec::new();
-    for version in &options.containerd {
-        if targets.node.is_empty() {
-            break;
+    if !targets.node.is_empty() {
+        let failures = stage("node tests", || Ok(node_suites(options, &targets.node)))?;
+        if !failures.is_empty() {
+            bail!("node tests failed:\n{}", failures.join("\n"));
         }
-        let node = Node::new(*version);
-        let result = node.up().and_then(|()| {
-            let mut cmd = cargo(&with_tests(vec!["test", "--locked"], &targets.node));
-            cmd.envs(node.env()).env("EVLET_E2E_PLEG", "generic");
-            sh::run(&mut cmd)?;
-            if !targets.node.iter().any(|t| t == E2E_SUITE) {
-                return Ok(());
-            }
-            for mode in pleg_modes(*version) {
-                eprintln!("test: {E2E_SUITE} in PLEG mode {mode} on containerd {version:?}");
-                let mut cmd = cargo(&["test", "--locked", "--test", E2E_SUITE]);
-                cmd.envs(node.env()).env("EVLET_E2E_PLEG", mode);
-                sh::run(&mut cmd).with_context(|| format!("{E2E_SUITE} in PLEG mode {mode}"))?;
-            }
-            Ok(())
-        });
-        let down = node.down();
-        if let Err(err) = result {
-            failures.push(format!("containerd {version}: {err:#}"));
-        }
-        if let Err(err) = down {
-            failures.push(format!("containerd {version} teardown: {err:#}"));
-        }
-    }
-    if !failures.is_empty() {
-        bail!("node tests failed:\n{}", failures.join("\n"));
     }
     if !options.no_bench {
-        crate::bench::bench(&crate::bench::Options::quick())
-            .context("the benchmark harness (cargo xtask bench --quick)")?;
+        stage("bench --quick", || {
+            crate::bench::bench(&crate::bench::Options::quick())
+                .context("the benchmark harness (cargo xtask bench --quick)")
+        })?;
     }
     if !options.no_vm && !targets.kernel.is_empty() {
-        crate::vm::vm_test(&options.vm, &targets.kernel)?;
+        stage("vm-test", || {
+            crate::vm::vm_test(&options.vm, &targets.kernel)
+        })?;
     }
     eprintln!("test: all passed in {:.0?}", started.elapsed());
     Ok(())

@@ -129,8 +129,11 @@ mod tests {
 
     #[test]
     fn task_struct_members_are_found_in_the_host_kernel() {
-        if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-            eprintln!("SKIPPED: host kernel has no BTF");
+        if !evlet_testkit::require(
+            "task_struct_members_are_found_in_the_host_kernel",
+            std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
+            "the host kernel has no BTF",
+        ) {
             return;
         }
         let btf = KernelBtf::load().expect("host BTF loads");

@@ -45,6 +45,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The ring-buffer size is not a power of two number of pages.
+    #[error(
+        "ring buffer of {0} bytes: the size must be a power of two and a multiple of the page size"
+    )]
+    RingSize(u32),
     /// The object could not be parsed or its maps created.
     #[error("loading the eBPF object failed: {0}")]
     Object(#[source] aya::EbpfError),

@@ -191,6 +191,12 @@ impl Probes {
     /// Any [`Error`]: no BTF, no tracefs, a missing tracepoint field, a verifier
     /// refusal (the message carries the verifier log), or an attach failure.
     pub fn load(config: &Config) -> Result<Self, Error> {
+        // aya would round a wrong size up to a page without a word: refuse it.
+        // SAFETY: sysconf has no preconditions.
+        let page = u32::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        if !config.ring_bytes.is_power_of_two() || config.ring_bytes % page != 0 {
+            return Err(Error::RingSize(config.ring_bytes));
+        }
         raise_memlock();
         let tracefs = tracefs::find_or_mount()?;
         let offsets = Offsets::resolve(&tracefs)?;

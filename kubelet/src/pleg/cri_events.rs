@@ -11,7 +11,7 @@ use evlet_cri::{ErrorKind, RuntimeClient, api};
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
-use super::hints::Hints;
+use super::hints::{Hints, Reason};
 use crate::backoff::Retry;
 use crate::pod::{PodUid, labels};
 
@@ -59,7 +59,7 @@ pub async fn run(client: RuntimeClient, hints: Arc<Hints>, cancel: CancellationT
     loop {
         match client.container_events().await {
             Ok(mut stream) => {
-                hints.full("CRI event stream connected");
+                hints.full(Reason::StreamConnected, "");
                 let connected = tokio::time::Instant::now();
                 loop {
                     let item = tokio::select! {
@@ -73,7 +73,9 @@ pub async fn run(client: RuntimeClient, hints: Arc<Hints>, cancel: CancellationT
                         {
                             match uid_of(&event) {
                                 Some(uid) => hints.pod(uid, monotonic_origin(event.created_at)),
-                                None => hints.full("CRI event without a pod"),
+                                None => {
+                                    hints.full(Reason::StreamEventWithoutPod, event.container_id)
+                                }
                             }
                         }
                         Some(Ok(_)) => {}
@@ -98,7 +100,7 @@ pub async fn run(client: RuntimeClient, hints: Arc<Hints>, cancel: CancellationT
             }
             Err(err) => tracing::warn!(%err, "cannot open the CRI event stream; retrying"),
         }
-        hints.full("CRI event stream lost");
+        hints.full(Reason::StreamLost, "");
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(retry.next_delay()) => {}

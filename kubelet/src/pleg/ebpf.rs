@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cgroup_map::{CgroupMap, ExitHint, Owner, namespace_init};
-use super::hints::Hints;
+use super::hints::{Hints, Reason};
 use crate::cache::PodCache;
 use crate::diagnostics::{Diagnostics, OomRecord};
 use crate::lock::lock;
@@ -84,9 +84,14 @@ impl Quiet {
         self.wanted.notified().await;
     }
 
-    /// The reader's side: every kernel event before `at` is in the hints.
-    pub fn answer(&self, at: Instant) {
-        self.proven.send_replace(Some(at));
+    /// The reader's side, after a drain that started at `at`: every kernel
+    /// event before `at` is in the hints, unless records were lost — so the
+    /// proof is given only if the loss counter could be read (`loss_known`;
+    /// a loss it showed has already asked for a full relist).
+    pub fn drained(&self, at: Instant, loss_known: bool) {
+        if loss_known {
+            self.proven.send_replace(Some(at));
+        }
     }
 }
 
@@ -247,7 +252,7 @@ impl EbpfSource {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot open the eBPF ring buffer; retrying");
-                    ctx.hints.full("eBPF ring buffer unavailable");
+                    ctx.hints.full(Reason::ReaderUnavailable, e.to_string());
                     tokio::select! {
                         () = cancel.cancelled() => return,
                         () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -256,7 +261,7 @@ impl EbpfSource {
                 }
             };
             if !first {
-                ctx.hints.full("eBPF reader restarted");
+                ctx.hints.full(Reason::ReaderRestarted, "");
             }
             first = false;
             let task = tokio::spawn(read(reader, ctx.clone(), cancel.clone()));
@@ -316,18 +321,18 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
                         lost = lost - lost_seen,
                         "eBPF ring buffer lost events; relisting everything"
                     );
-                    ctx.hints
-                        .full(format!("{} kernel events lost", lost - lost_seen));
+                    ctx.hints.full(
+                        Reason::LostEvents,
+                        format!("{} kernel events lost", lost - lost_seen),
+                    );
                     lost_seen = lost;
                 }
                 true
             }
             Err(_) => false,
         };
-        if let Some(at) = proof
-            && loss_known
-        {
-            ctx.quiet.answer(at);
+        if let Some(at) = proof {
+            ctx.quiet.drained(at, loss_known);
         }
         let stall = lock(&ctx.stall).take();
         if let Some(pause) = stall {
@@ -386,7 +391,10 @@ fn handle(ctx: &Ctx, event: Event) {
         Event::Exit(e) => {
             let id = e.origin.cgroup_id;
             if lock(&ctx.map).get(id).is_none() && !lookup(ctx, id) {
-                ctx.hints.full("process exit in an unknown pod cgroup");
+                ctx.hints.full(
+                    Reason::UnknownCgroup,
+                    format!("process exit in cgroup {id}"),
+                );
                 return;
             }
             let hint = lock(&ctx.map).exit_hint(id, e.origin.tgid);
@@ -403,7 +411,10 @@ fn handle(ctx: &Ctx, event: Event) {
             let owner = lock(&ctx.map).get(o.origin.cgroup_id).cloned();
             let Some(owner) = owner else {
                 if o.origin.watched {
-                    ctx.hints.full("OOM kill in an unknown pod cgroup");
+                    ctx.hints.full(
+                        Reason::UnknownCgroup,
+                        format!("OOM kill in cgroup {}", o.origin.cgroup_id),
+                    );
                 }
                 tracing::warn!(pid = o.origin.tgid, comm = %o.comm, "OOM kill outside the agent's pods");
                 return;

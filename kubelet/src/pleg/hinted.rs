@@ -41,14 +41,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ebpf::Quiet;
-use super::hints::{Dirty, Hints, Next};
+use super::hints::{Dirty, Hints, Next, Reason};
 use super::relist::{PodRelist, Relister};
 use crate::backoff::Retry;
 use crate::metrics::Metrics;
 use crate::pod::PodUid;
 use crate::runtime::PodStatus;
-
-const PERIODIC: &str = "periodic safety relist";
 
 /// The dispatcher's timings. [`Timing::new`] has the production values.
 #[derive(Debug, Clone)]
@@ -125,7 +123,7 @@ pub async fn run(
         suspects: BTreeMap::new(),
         verifying: Vec::new(),
     };
-    dispatcher.hints.full("start");
+    dispatcher.hints.full(Reason::Start, "");
     // A failed relist is retried after 200 ms doubling to 5 s.
     let mut retry = Retry::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
@@ -158,7 +156,11 @@ enum Step {
 
 /// What to do next, in priority order.
 enum Work {
-    Full { reason: String, counting: bool },
+    Full {
+        reason: Reason,
+        detail: String,
+        counting: bool,
+    },
     Poll(PodUid),
     Hinted(Next),
 }
@@ -189,19 +191,32 @@ impl Dispatcher {
             .map(|(uid, _)| uid.clone());
         let work = if now >= self.next_full {
             Work::Full {
-                reason: PERIODIC.into(),
+                reason: Reason::Periodic,
+                detail: String::new(),
                 counting: true,
             }
         } else if let Some(uid) = due {
             Work::Poll(uid)
         } else {
             match self.hints.next() {
-                Next::Full { reason, counting } => Work::Full { reason, counting },
+                Next::Full {
+                    reason,
+                    detail,
+                    counting,
+                } => Work::Full {
+                    reason,
+                    detail,
+                    counting,
+                },
                 other => Work::Hinted(other),
             }
         };
         match work {
-            Work::Full { reason, counting } => self.full(reason, counting).await,
+            Work::Full {
+                reason,
+                detail,
+                counting,
+            } => self.full(reason, detail, counting).await,
             Work::Poll(uid) => self.poll(uid).await,
             Work::Hinted(Next::Pod(uid, dirty)) => self.pod(uid, dirty).await,
             Work::Hinted(Next::Fresh(wanted)) => {
@@ -231,12 +246,12 @@ impl Dispatcher {
             .fold(self.next_full, Instant::min)
     }
 
-    async fn full(&mut self, reason: String, counting: bool) -> Step {
+    async fn full(&mut self, reason: Reason, detail: String, counting: bool) -> Step {
         let listing = match self.relister.list().await {
             Ok(listing) => listing,
             Err(err) => {
-                tracing::warn!(%reason, %err, "full relist failed; retrying");
-                self.hints.retry_full(reason, counting);
+                tracing::warn!(reason = reason.label(), %detail, %err, "full relist failed; retrying");
+                self.hints.retry_full(reason, detail, counting);
                 return Step::Failed;
             }
         };
@@ -262,8 +277,14 @@ impl Dispatcher {
             .await;
         let now = Instant::now();
         self.next_full = now + self.timing.safety;
-        if reason != PERIODIC {
-            tracing::info!(%reason, changed = report.changed.len(), "full relist");
+        self.metrics
+            .pleg_full_relists
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: reason.label().into(),
+            })
+            .inc();
+        if !matches!(reason, Reason::Periodic | Reason::Verification) {
+            tracing::info!(reason = reason.label(), %detail, changed = report.changed.len(), "full relist");
         }
         if !counting {
             return Step::Done;
@@ -328,7 +349,7 @@ impl Dispatcher {
                 self.hints.retry(uid, dirty);
                 if retryable {
                     // The runtime went away: once it answers, re-read everything.
-                    self.hints.full(format!("runtime unavailable: {err}"));
+                    self.hints.full(Reason::RuntimeUnavailable, err.to_string());
                 }
                 Step::Failed
             }
@@ -397,8 +418,10 @@ impl Dispatcher {
             e.escalated = true;
             let containers: Vec<&String> = e.exits.keys().collect();
             tracing::warn!(pod = %uid, ?containers, ?waited, "the kernel saw these containers' init exit, and the runtime still shows them running; relisting everything");
-            self.hints
-                .full("the runtime has not shown a kernel-reported exit");
+            self.hints.full(
+                Reason::UnconfirmedExit,
+                format!("pod {uid}: {containers:?}"),
+            );
         }
     }
 
@@ -418,7 +441,7 @@ impl Dispatcher {
                 Ok(stopped) => any |= stopped,
                 Err(err) => {
                     if err.is_retryable() {
-                        self.hints.full(format!("runtime unavailable: {err}"));
+                        self.hints.full(Reason::RuntimeUnavailable, err.to_string());
                     }
                     self.reschedule(&uid);
                     return Step::Failed;

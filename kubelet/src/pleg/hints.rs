@@ -37,10 +37,64 @@ impl Dirty {
     }
 }
 
+/// Why everything must be relisted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// The agent started.
+    Start,
+    /// The safety period passed.
+    Periodic,
+    /// A test (or an operator) asked for a counting relist.
+    Verification,
+    /// The kernel lost ring-buffer records.
+    LostEvents,
+    /// The eBPF reader died and was replaced.
+    ReaderRestarted,
+    /// The eBPF ring buffer could not be opened.
+    ReaderUnavailable,
+    /// A kernel event came from a pod cgroup nobody knows.
+    UnknownCgroup,
+    /// The container runtime restarted (a new process answers its socket).
+    RuntimeRestarted,
+    /// A runtime read failed as unavailable; relist once it answers again.
+    RuntimeUnavailable,
+    /// The runtime has not shown a kernel-reported exit for a long time.
+    UnconfirmedExit,
+    /// The CRI event stream (re)connected: it has no replay.
+    StreamConnected,
+    /// The CRI event stream was lost.
+    StreamLost,
+    /// A CRI event named no pod.
+    StreamEventWithoutPod,
+}
+
+impl Reason {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::Start => "start",
+            Reason::Periodic => "periodic",
+            Reason::Verification => "verification",
+            Reason::LostEvents => "lost_events",
+            Reason::ReaderRestarted => "reader_restarted",
+            Reason::ReaderUnavailable => "reader_unavailable",
+            Reason::UnknownCgroup => "unknown_cgroup",
+            Reason::RuntimeRestarted => "runtime_restarted",
+            Reason::RuntimeUnavailable => "runtime_unavailable",
+            Reason::UnconfirmedExit => "unconfirmed_exit",
+            Reason::StreamConnected => "stream_connected",
+            Reason::StreamLost => "stream_lost",
+            Reason::StreamEventWithoutPod => "stream_event_without_pod",
+        }
+    }
+}
+
 /// A full relist that was asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Full {
-    reason: String,
+    reason: Reason,
+    /// Details for the log.
+    detail: String,
     /// Count the changes it finds that no hint announced (missed events).
     counting: bool,
 }
@@ -70,7 +124,9 @@ pub enum Next {
     /// A full relist, for this reason; `counting`: count missed events.
     Full {
         /// Why.
-        reason: String,
+        reason: Reason,
+        /// Details for the log.
+        detail: String,
         /// Whether changes no hint announced are counted as missed events.
         counting: bool,
     },
@@ -147,9 +203,11 @@ impl Hints {
     }
 
     /// Everything must be relisted (events were lost, a reader restarted, ...).
-    pub fn full(&self, reason: impl Into<String>) {
+    /// Requests coalesce: the first reason is kept.
+    pub fn full(&self, reason: Reason, detail: impl Into<String>) {
         self.lock().full.get_or_insert_with(|| Full {
-            reason: reason.into(),
+            reason,
+            detail: detail.into(),
             counting: false,
         });
         self.notify.notify_one();
@@ -162,7 +220,8 @@ impl Hints {
         self.lock()
             .full
             .get_or_insert_with(|| Full {
-                reason: "verification".into(),
+                reason: Reason::Verification,
+                detail: String::new(),
                 counting: true,
             })
             .counting = true;
@@ -191,8 +250,17 @@ impl Hints {
     /// suspended, then the pods whose workers want freshness.
     pub fn next(&self) -> Next {
         let mut inner = self.lock();
-        if let Some(Full { reason, counting }) = inner.full.take() {
-            return Next::Full { reason, counting };
+        if let Some(Full {
+            reason,
+            detail,
+            counting,
+        }) = inner.full.take()
+        {
+            return Next::Full {
+                reason,
+                detail,
+                counting,
+            };
         }
         let ready = inner
             .dirty
@@ -217,10 +285,11 @@ impl Hints {
     }
 
     /// Puts a full relist back after it failed (keeps it counting if it was).
-    pub fn retry_full(&self, reason: String, counting: bool) {
+    pub fn retry_full(&self, reason: Reason, detail: String, counting: bool) {
         let mut inner = self.lock();
         let full = inner.full.get_or_insert(Full {
             reason,
+            detail,
             counting: false,
         });
         full.counting |= counting;
@@ -300,21 +369,23 @@ mod tests {
     fn a_full_relist_comes_first_and_a_verification_makes_it_count() {
         let h = Hints::default();
         h.pod(PodUid::from("a"), None);
-        h.full("lost events");
+        h.full(Reason::LostEvents, "3 lost");
         h.verify();
         assert_eq!(
             h.next(),
             Next::Full {
-                reason: "lost events".into(),
+                reason: Reason::LostEvents,
+                detail: "3 lost".into(),
                 counting: true
             }
         );
         assert_eq!(h.next(), Next::Pod(PodUid::from("a"), plain(None)));
-        h.retry_full("failed".into(), true);
+        h.retry_full(Reason::RuntimeUnavailable, "down".into(), true);
         assert_eq!(
             h.next(),
             Next::Full {
-                reason: "failed".into(),
+                reason: Reason::RuntimeUnavailable,
+                detail: "down".into(),
                 counting: true
             }
         );
@@ -336,7 +407,7 @@ mod tests {
         h.suspend(PodUid::from("a"));
         assert!(!h.settled(&PodUid::from("a")), "a is in a SyncPod");
         h.resume(PodUid::from("a"), false);
-        h.full("test");
+        h.full(Reason::Start, "");
         assert!(!h.settled(&PodUid::from("a")), "a full relist is due");
     }
 }

@@ -13,6 +13,7 @@ pub mod generic;
 pub mod hinted;
 pub mod hints;
 pub mod relist;
+pub mod restarts;
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -65,10 +65,13 @@ pub async fn run(
             }
             last_errors = errors;
         }
-        // A failed fetch keeps the last snapshot; the first failure still marks
-        // the source as having reported (with no pods), like upstream.
-        let pods = pods.or_else(|| last.clone()).unwrap_or_default();
-        if last.as_ref() != Some(&pods) {
+        // A failed fetch keeps the last snapshot. Before the first answer the
+        // source has not reported: as upstream (`sourceURL.extractFromURL`),
+        // only an answer (an empty body included) marks it seen, so pods the
+        // runtime has are not taken for orphans while the URL is unreachable.
+        if let Some(pods) = pods.or_else(|| last.clone())
+            && last.as_ref() != Some(&pods)
+        {
             last = Some(pods.clone());
             if tx
                 .send(SourceMessage::Snapshot(Source::Http, pods))

@@ -116,6 +116,48 @@ fn merge_key(items: &[Value]) -> Option<&'static str> {
         .find(|k| items.iter().all(|i| i.get(k).is_some()) && !items.is_empty())
 }
 
+/// The patch formats the API server accepts; anything else is a 415.
+const PATCH_TYPES: [&str; 3] = [
+    "application/strategic-merge-patch+json",
+    "application/merge-patch+json",
+    "application/apply-patch+yaml",
+];
+
+/// Checks a strategic merge patch's `$setElementOrder/<list>` directives as
+/// the API server does: every element the patch sends for `<list>` must be
+/// named in the order list, by merge key. Returns the first violation.
+pub fn check_element_order(patch: &Value) -> Result<(), String> {
+    let Some(obj) = patch.as_object() else {
+        return Ok(());
+    };
+    for (k, v) in obj {
+        if let Some(list) = k.strip_prefix("$setElementOrder/") {
+            let order = v.as_array().ok_or_else(|| format!("{k} must be a list"))?;
+            let items = obj
+                .get(list)
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if items.is_empty() {
+                continue;
+            }
+            let key = merge_key(order)
+                .or_else(|| merge_key(&items))
+                .ok_or_else(|| format!("{k}: the list has no merge key"))?;
+            for item in &items {
+                if !order.iter().any(|o| o.get(key) == item.get(key)) {
+                    return Err(format!(
+                        "The order in patch list:\n{items:?}\n doesn't match $setElementOrder list:\n{order:?}"
+                    ));
+                }
+            }
+        } else if v.is_object() {
+            check_element_order(v)?;
+        }
+    }
+    Ok(())
+}
+
 /// Strategic merge (the subset Kubernetes objects need here).
 pub fn merge(target: &mut Value, patch: &Value) {
     match patch {
@@ -484,6 +526,7 @@ impl MockApi {
                 st.faults.remove(i);
             }
             let reason = match code {
+                415 => "UnsupportedMediaType",
                 429 => "TooManyRequests",
                 503 => "ServiceUnavailable",
                 409 => "Conflict",
@@ -534,6 +577,26 @@ impl MockApi {
                 let Some(obj) = body_json else {
                     return status(400, "BadRequest", "body is not JSON");
                 };
+                let (expected, _) = kind_of(&coll);
+                if let Some(kind) = obj["kind"].as_str()
+                    && kind != expected
+                {
+                    return status(
+                        400,
+                        "BadRequest",
+                        &format!("{expected} in version \"v1\" cannot be handled as a {kind}"),
+                    );
+                }
+                if let Some(body_ns) = obj["metadata"]["namespace"].as_str()
+                    && !ns.is_empty()
+                    && body_ns != ns
+                {
+                    return status(
+                        400,
+                        "BadRequest",
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    );
+                }
                 let name = obj["metadata"]["name"]
                     .as_str()
                     .unwrap_or_default()
@@ -573,9 +636,27 @@ impl MockApi {
                 axum::Json(stored).into_response()
             }
             (Method::PATCH, false) => {
+                let content_type = headers
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                if !PATCH_TYPES.contains(&content_type) {
+                    return status(
+                        415,
+                        "UnsupportedMediaType",
+                        &format!(
+                            "the body of the request was in an unknown format ({content_type:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
+                        ),
+                    );
+                }
                 let (Some(mut obj), Some(patch)) = (existing, body_json) else {
                     return status(404, "NotFound", &format!("{coll} \"{name}\" not found"));
                 };
+                if content_type == PATCH_TYPES[0]
+                    && let Err(e) = check_element_order(&patch)
+                {
+                    return status(400, "BadRequest", &e);
+                }
                 if let Some(uid) = patch["metadata"]["uid"].as_str()
                     && obj["metadata"]["uid"].as_str() != Some(uid)
                 {

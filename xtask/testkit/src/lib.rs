@@ -42,7 +42,23 @@ fn skip(test: &str, why: &str) {
     if in_ci() {
         panic!("privileged test {test} cannot run in CI: {why}");
     }
-    eprintln!("\n*** SKIPPED {test}: {why} (run it with `cargo xtask test`) ***\n");
+    // Straight to the file descriptor: libtest captures `eprintln!`, and a
+    // skip must be seen even when the test "passes".
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {why} (run it with `cargo xtask test`) ***\n"
+    );
+}
+
+/// True if `available`; otherwise skips `test` (a failure under `CI=true`)
+/// saying `why`. For privileged tests that need something of the host
+/// (kernel BTF, cgroup2) beyond root.
+pub fn require(test: &str, available: bool, why: &str) -> bool {
+    if !available {
+        skip(test, why);
+    }
+    available
 }
 
 /// True if running as root; otherwise skips (or fails in CI) with a message naming `test`.
@@ -134,14 +150,22 @@ impl NodeEnv {
             })
             .next()
             .unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+        let alive = || std::path::Path::new(&format!("/proc/{pid}")).exists();
+        let wait_gone = |limit: Duration| {
+            let until = std::time::Instant::now() + limit;
+            while alive() && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
         // SAFETY: kill has no memory-safety preconditions; the pid is the node's daemon.
         unsafe { libc::kill(pid, libc::SIGTERM) };
-        let gone = std::time::Instant::now() + Duration::from_secs(15);
-        while std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && std::time::Instant::now() < gone
-        {
-            std::thread::sleep(Duration::from_millis(20));
+        wait_gone(Duration::from_secs(15));
+        if alive() {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            wait_gone(Duration::from_secs(5));
         }
+        assert!(!alive(), "the old containerd (pid {pid}) is still running");
         let log = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
@@ -164,7 +188,7 @@ impl NodeEnv {
             clippy::zombie_processes,
             reason = "the daemon outlives this test; init reaps it"
         )]
-        let child = cmd.spawn().expect("containerd restarts");
+        let mut child = cmd.spawn().expect("containerd restarts");
         std::fs::write(self.pid_file(), format!("{}\n", child.id())).expect("pid file");
         let socket = self.endpoint.trim_start_matches("unix://").to_owned();
         let up = std::time::Instant::now() + Duration::from_secs(30);
@@ -173,8 +197,17 @@ impl NodeEnv {
                 std::time::Instant::now() < up,
                 "containerd did not come back within 30 s"
             );
+            assert!(
+                matches!(child.try_wait(), Ok(None)),
+                "the new containerd exited during start-up (see containerd.log)"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
+        // The old daemon is gone, so the socket is the new child's.
+        assert!(
+            matches!(child.try_wait(), Ok(None)),
+            "the new containerd answered and died (see containerd.log)"
+        );
     }
 
     /// Removes the cgroup directories under `<cgroup_root>/<name>` in every hierarchy

@@ -1,0 +1,269 @@
+//! The whole agent (`agent::start`) over the fake runtime: fast, unprivileged
+//! tests of what the wiring promises — orphans wait for every source, an
+//! unusable eBPF falls back to `generic`, and the HTTP endpoint serves health,
+//! metrics, pods and the kernel's OOM records.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use evlet::agent::{self, Handles};
+use evlet::config::{Config, LogFormat, PlegMode};
+use evlet::pod::labels;
+use evlet_cri::fake::FakeServer;
+use evlet_cri::{Options, RuntimeClient, SandboxFilter, api};
+use evlet_testkit::{eventually, within};
+use http_body_util::BodyExt as _;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+const IMAGE: &str = "evlet.local/test:v1";
+
+struct Agent {
+    handles: Handles,
+    shutdown: CancellationToken,
+    _server: FakeServer,
+    _root: tempfile::TempDir,
+    _manifests: tempfile::TempDir,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::TempDir) -> Config {
+    Config {
+        node_name: "fake-node".into(),
+        root_dir: root.path().to_path_buf(),
+        pod_manifest_path: Some(manifests.path().to_path_buf()),
+        manifest_url: None,
+        runtime_endpoint: server.endpoint(),
+        cgroup_root: "/evlet-fake-agent".into(),
+        address: "127.0.0.1:0".parse().expect("address"),
+        file_check_frequency: Duration::from_millis(200),
+        http_check_frequency: Duration::from_millis(200),
+        node_ip: Some("10.0.0.9".into()),
+        pleg_mode: PlegMode::Generic,
+        relist_period: Duration::from_millis(100),
+        ebpf_relist_period: Duration::from_secs(2),
+        ebpf_ring_bytes: 1 << 20,
+        log_format: LogFormat::Text,
+        api: None,
+        max_pods: evlet::config::MAX_PODS,
+        register_with_taints: Vec::new(),
+        sync_frequency: evlet::workers::RESYNC,
+    }
+}
+
+async fn start(server: FakeServer, edit: impl FnOnce(&mut Config)) -> Agent {
+    let root = tempfile::tempdir().expect("root");
+    let manifests = tempfile::tempdir().expect("manifests");
+    let mut config = config(&server, &root, &manifests);
+    edit(&mut config);
+    let shutdown = CancellationToken::new();
+    let (handles, _task) = agent::start(config, shutdown.clone())
+        .await
+        .expect("agent starts");
+    Agent {
+        handles,
+        shutdown,
+        _server: server,
+        _root: root,
+        _manifests: manifests,
+    }
+}
+
+/// A GET through the agent's router: status code and body.
+async fn get(agent: &Agent, path: &str) -> (u16, String) {
+    let router = evlet::server::router(Arc::clone(&agent.handles.served));
+    let response = within(
+        Duration::from_secs(5),
+        path,
+        router.oneshot(
+            axum::http::Request::get(path)
+                .body(Body::empty())
+                .expect("request"),
+        ),
+    )
+    .await
+    .expect("infallible");
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A pod in the runtime that no source knows (left by an earlier agent).
+async fn runtime_pod(server: &FakeServer, uid: &str) -> RuntimeClient {
+    let client = RuntimeClient::connect(&server.endpoint(), Options::default()).expect("client");
+    let labels: std::collections::HashMap<String, String> = [
+        (labels::POD_UID, uid),
+        (labels::POD_NAME, "leftover"),
+        (labels::POD_NAMESPACE, "default"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let config = api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: "leftover".into(),
+            uid: uid.into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        labels,
+        ..Default::default()
+    };
+    client.run_pod_sandbox(config, "").await.expect("sandbox");
+    client
+}
+
+async fn sandboxes(client: &RuntimeClient) -> usize {
+    client
+        .list_pod_sandbox(SandboxFilter::new().label(labels::POD_UID, "leftover-uid".to_owned()))
+        .await
+        .expect("list")
+        .iter()
+        .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+        .count()
+}
+
+/// Upstream's `sourcesReady`: a pod the runtime has and no source wants is
+/// removed only once every source has answered. An unreachable manifest URL
+/// has not answered, so the pod lives on; once the URL answers (with no pods),
+/// the pod is an orphan and goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_pod_stays_until_every_source_has_answered() {
+    let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
+    let client = runtime_pod(&server, "leftover-uid").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let agent = start(server, |c| {
+        c.manifest_url = Some(format!("http://127.0.0.1:{port}/pods"));
+    })
+    .await;
+    // Housekeeping runs every 2 s: give it three rounds.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        sandboxes(&client).await,
+        1,
+        "kept while the URL is unreachable"
+    );
+    assert!(get(&agent, "/healthz").await.1.contains("sources waiting"));
+
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("the URL's port");
+    let app = axum::Router::new().route(
+        "/pods",
+        axum::routing::get(|| async { r#"{"apiVersion": "v1", "kind": "PodList", "items": []}"# }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    eventually(Duration::from_secs(15), "the orphan removed", || async {
+        (sandboxes(&client).await == 0).then_some(())
+    })
+    .await;
+}
+
+/// A requested `ebpf` mode that cannot load falls back to `generic`, says so
+/// in `/healthz` and `evlet_pleg_mode`, and the agent works.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ebpf_mode_that_cannot_load_falls_back_to_generic() {
+    let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
+    // A ring buffer must be a power of two pages: no kernel accepts 3 bytes
+    // (and without root nothing loads at all).
+    let agent = start(server, |c| {
+        c.pleg_mode = PlegMode::Ebpf;
+        c.ebpf_ring_bytes = 3;
+    })
+    .await;
+    assert!(agent.handles.ebpf.is_none() && agent.handles.hints.is_none());
+    eventually(Duration::from_secs(5), "a healthy PLEG", || async {
+        let (code, body) = get(&agent, "/healthz").await;
+        (code == 200 && body.contains("[+]pleg ok (mode generic)")).then_some(())
+    })
+    .await;
+    let (_, metrics) = get(&agent, "/metrics").await;
+    assert!(
+        metrics.contains(r#"evlet_pleg_mode{mode="generic"} 1"#),
+        "{metrics}"
+    );
+}
+
+/// `/healthz`, `/metrics`, `/pods`, `/events` and `/debug/oom` answer with
+/// what the agent knows, in their formats.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_http_endpoint_serves_health_metrics_pods_and_oom_records() {
+    let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
+    let agent = start(server, |_| {}).await;
+    std::fs::write(
+        agent._manifests.path().join("web.yaml"),
+        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  containers:\n  - {{name: app, image: {IMAGE}}}\n"),
+    )
+    .expect("manifest");
+    eventually(Duration::from_secs(10), "web running", || async {
+        let (_, body) = get(&agent, "/pods/default/web-fake-node").await;
+        body.contains(r#""phase":"Running""#).then_some(())
+    })
+    .await;
+    let (code, health) = get(&agent, "/healthz").await;
+    assert_eq!(code, 200, "{health}");
+    assert!(
+        health.contains("[+]runtime ok") || health.contains("[+]pleg ok"),
+        "{health}"
+    );
+    let (code, metrics) = get(&agent, "/metrics").await;
+    assert_eq!(code, 200);
+    for name in [
+        "kubelet_pleg_relist_duration_seconds_count",
+        "kubelet_running_pods 1",
+        "evlet_pleg_missed_events_total 0",
+    ] {
+        assert!(metrics.contains(name), "{name} in /metrics");
+    }
+    let (_, pods) = get(&agent, "/pods").await;
+    let pods: serde_json::Value = serde_json::from_str(&pods).expect("PodList");
+    assert_eq!(pods["kind"], "PodList");
+    assert_eq!(pods["items"][0]["status"]["podIP"].as_str().is_some(), true);
+    assert_eq!(get(&agent, "/pods/default/nope").await.0, 404);
+
+    assert_eq!(get(&agent, "/debug/oom").await.1, "[]");
+    agent
+        .handles
+        .diagnostics
+        .oom(evlet::diagnostics::OomRecord {
+            namespace: "default".into(),
+            pod: "web-fake-node".into(),
+            pod_uid: "u".into(),
+            container: "app".into(),
+            container_id: "c".into(),
+            pid: 42,
+            tid: 42,
+            comm: "hog".into(),
+            cgroup_id: 7,
+            anon_rss_kb: Some(1024),
+            file_rss_kb: Some(0),
+            shmem_rss_kb: Some(0),
+            total_vm_kb: Some(2048),
+            oom_score_adj: 1000,
+            time: "2026-11-23T00:00:00Z".into(),
+        });
+    let (_, ooms) = get(&agent, "/debug/oom").await;
+    let ooms: serde_json::Value = serde_json::from_str(&ooms).expect("JSON");
+    assert_eq!(ooms[0]["comm"], "hog");
+    assert_eq!(ooms[0]["pid"], 42);
+    let (_, events) = get(&agent, "/events").await;
+    assert!(
+        events.contains("OOMKilling") && events.contains("pid 42 (hog)"),
+        "{events}"
+    );
+}
