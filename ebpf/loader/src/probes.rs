@@ -194,7 +194,7 @@ impl Probes {
         // aya would round a wrong size up to a page without a word: refuse it.
         // SAFETY: sysconf has no preconditions.
         let page = u32::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        if !config.ring_bytes.is_power_of_two() || config.ring_bytes % page != 0 {
+        if !config.ring_bytes.is_power_of_two() || !config.ring_bytes.is_multiple_of(page) {
             return Err(Error::RingSize(config.ring_bytes));
         }
         raise_memlock();
