@@ -233,7 +233,10 @@ async fn the_http_endpoint_serves_health_metrics_pods_and_oom_records() {
     let (_, pods) = get(&agent, "/pods").await;
     let pods: serde_json::Value = serde_json::from_str(&pods).expect("PodList");
     assert_eq!(pods["kind"], "PodList");
-    assert_eq!(pods["items"][0]["status"]["podIP"].as_str().is_some(), true);
+    assert!(
+        pods["items"][0]["status"]["podIP"].as_str().is_some(),
+        "a pod IP"
+    );
     assert_eq!(get(&agent, "/pods/default/nope").await.0, 404);
 
     assert_eq!(get(&agent, "/debug/oom").await.1, "[]");
