@@ -1,8 +1,9 @@
 //! Shared pieces of evlet's benchmarks: order statistics, CPU and memory
 //! readers (`/proc`, cgroup2 `cpu.stat`), the agent under test as a child
 //! process with a small client for its local HTTP endpoint, and the report
-//! writers (`report`).
+//! writers (`report`); `floor`: the runtime's own start floor over CRI.
 
+pub mod floor;
 pub mod report;
 
 use std::path::{Path, PathBuf};

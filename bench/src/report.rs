@@ -25,6 +25,20 @@ pub struct Results {
     pub runs: Vec<Run>,
     /// CRI status call throughput per pod count.
     pub cri: Vec<CriCalls>,
+    /// The runtime's own start floor per pod count.
+    #[serde(default)]
+    pub floors: Vec<Floor>,
+}
+
+/// The runtime's floor at one pod count (`evlet_bench::floor`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Floor {
+    /// Pods.
+    pub pods: usize,
+    /// N pods started straight over CRI, all at once (seconds).
+    pub start_total_s: f64,
+    /// One container's create + start in an existing sandbox at this density.
+    pub create_start: Option<Summary>,
 }
 
 /// Where it ran.
@@ -69,6 +83,9 @@ pub struct Run {
     pub kill_to_status: Option<Summary>,
     /// SIGKILL → CRI `ContainerStatus` says EXITED (the runtime's floor).
     pub kill_to_runtime: Option<Summary>,
+    /// SIGKILL → the pod's replacement container running in `/pods`.
+    #[serde(default)]
+    pub kill_to_replacement: Option<Summary>,
     /// The kernel's OOM-kill message → `OOMKilled` in `/pods/<ns>/<name>`.
     pub oom_to_status_ms: Option<f64>,
     /// Anything that went wrong in this run (a failed kill, a timeout).
@@ -120,6 +137,12 @@ const METRICS: &[Metric] = &[
     }),
     ("kill → status max (ms)", |r| {
         Some(r.kill_to_status.as_ref()?.max_ms)
+    }),
+    ("kill → replacement running p50 (ms)", |r| {
+        Some(r.kill_to_replacement.as_ref()?.p50_ms)
+    }),
+    ("kill → replacement running p99 (ms)", |r| {
+        Some(r.kill_to_replacement.as_ref()?.p99_ms)
     }),
     ("kill → CRI exited p50 (ms, runtime floor)", |r| {
         Some(r.kill_to_runtime.as_ref()?.p50_ms)
@@ -210,6 +233,21 @@ pub fn markdown(results: &Results) -> String {
                 fmt_ms(c.pair_latency.as_ref().map(|s| s.p50_ms)),
                 fmt_ms(c.pair_latency.as_ref().map(|s| s.p99_ms)),
                 c.concurrent8_calls_per_s
+            );
+        }
+    }
+    if !results.floors.is_empty() {
+        out += "\n### The runtime's floor (CRI only, evlet's configs and parallelism)\n\n\
+                | pods | start all pods (s) | one create+start p50 (ms) | p99 (ms) |\n\
+                |---:|---:|---:|---:|\n";
+        for f in &results.floors {
+            let _ = writeln!(
+                out,
+                "| {} | {:.1} | {} | {} |",
+                f.pods,
+                f.start_total_s,
+                fmt_ms(f.create_start.as_ref().map(|s| s.p50_ms)),
+                fmt_ms(f.create_start.as_ref().map(|s| s.p99_ms)),
             );
         }
     }

@@ -32,6 +32,13 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// Label set `{field="exit_code"}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FieldLabel {
+    /// The field.
+    pub field: String,
+}
+
 /// Label set of OOM kills.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OomLabel {
@@ -76,6 +83,11 @@ pub struct Metrics {
     pub pleg_expectation_wait: Histogram,
     /// Pods with a kernel-reported exit the runtime has not shown yet.
     pub pleg_expectations: Gauge,
+    /// Fields where the runtime's report of an exit disagreed with the kernel's.
+    pub pleg_runtime_disagreements: Family<FieldLabel, Counter>,
+    /// Containers the kernel saw exit that the runtime still showed running
+    /// 10 s later.
+    pub runtime_exit_lost: Counter,
     /// Worker waits for a fresh status answered by a kernel quiet proof
     /// instead of a CRI re-read.
     pub pleg_quiet_proofs: Counter,
@@ -137,6 +149,8 @@ impl Metrics {
             pleg_full_relists: Family::default(),
             pleg_expectation_wait: Histogram::new(buckets_wait()),
             pleg_expectations: Gauge::default(),
+            pleg_runtime_disagreements: Family::default(),
+            runtime_exit_lost: Counter::default(),
             pleg_quiet_proofs: Counter::default(),
             ebpf_ringbuf_lost: Counter::default(),
             oom_kills: Family::default(),
@@ -209,6 +223,16 @@ impl Metrics {
             "evlet_pleg_expectations",
             "Pods with a kernel-reported exit the runtime has not shown yet",
             m.pleg_expectations.clone(),
+        );
+        registry.register(
+            "evlet_pleg_runtime_disagreements",
+            "Fields where the runtime's report of an exit disagreed with the kernel's",
+            m.pleg_runtime_disagreements.clone(),
+        );
+        registry.register(
+            "evlet_runtime_exit_lost",
+            "Containers the kernel saw exit that the runtime still showed running 10 s later",
+            m.runtime_exit_lost.clone(),
         );
         registry.register(
             "evlet_pleg_quiet_proofs",

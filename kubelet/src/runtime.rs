@@ -94,6 +94,18 @@ pub struct ContainerStatus {
     pub hash: String,
     /// Restart count at creation (annotation; survives agent restarts).
     pub restart_count: u32,
+    /// The kernel reported this container's end: `exit_code`, `finished_at`
+    /// and `reason` are the kernel's (see `pleg::relist`).
+    pub kernel: Option<KernelMark>,
+}
+
+/// A container whose end the kernel reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelMark {
+    /// The runtime does not show the exit yet.
+    Unconfirmed,
+    /// The runtime shows it too.
+    Confirmed,
 }
 
 /// One sandbox of a pod.
@@ -313,6 +325,7 @@ impl Runtime {
                     .get(labels::RESTART_COUNT)
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0),
+                kernel: None,
             });
         }
         status

@@ -297,6 +297,7 @@ mod tests {
             image_ref: "sha256:x".into(),
             hash: String::new(),
             restart_count,
+            kernel: None,
         }
     }
 

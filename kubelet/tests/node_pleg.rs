@@ -497,3 +497,140 @@ async fn quiet_pods_resync_without_runtime_reads_and_a_kill_still_shows() {
     )
     .await;
 }
+
+/// Kernel-first exits: after SIGKILL of a container's init, the status shows
+/// it terminated with 137 and the kernel's time while containerd still
+/// reports the container running (read right then, in the same loop).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_is_in_the_status_before_the_runtime_reports_it() {
+    e2e(
+        "a_kill_is_in_the_status_before_the_runtime_reports_it",
+        |w| async move {
+            w.write("first.yaml", &sleeper("first", 8, "Never"));
+            let agent = w.start_with(ebpf(&w)).await;
+            let pod = w.pod_name("first");
+            let mut ahead = 0;
+            let mut delays = Vec::new();
+            for i in 0..8 {
+                let name = format!("c{i}");
+                let (id, pid) = init_pid(&w, &agent, &pod, &name).await;
+                let cid = evlet_cri::ContainerId::new(id.trim_start_matches("containerd://"));
+                let wall_before = evlet::clock::unix_ns();
+                let killed = Instant::now();
+                sigkill((id, pid));
+                let terminated = within(Duration::from_secs(10), "the status to show the kill", async {
+                    loop {
+                        if let Some(t) = agent
+                            .status(&pod)
+                            .and_then(|s| container(&s, &name)?.state.clone()?.terminated)
+                        {
+                            return t;
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await;
+                delays.push(killed.elapsed());
+                let runtime = w.client.container_status(&cid).await.expect("status");
+                if runtime.state == evlet_cri::api::ContainerState::ContainerRunning as i32 {
+                    ahead += 1;
+                }
+                assert_eq!(terminated.exit_code, 137);
+                let finished = terminated
+                    .finished_at
+                    .expect("the kernel's finish time")
+                    .0
+                    .as_nanosecond();
+                let wall_before = i128::from(wall_before);
+                assert!(
+                    finished >= wall_before - 5_000_000 && finished <= wall_before + 100_000_000,
+                    "finishedAt is the kill's time: {finished} vs {wall_before}"
+                );
+            }
+            delays.sort();
+            eprintln!(
+                "kill -> status terminated (ebpf, containerd {}): p50 {:?} max {:?}; ahead of the runtime {ahead}/8",
+                w.node.containerd_version,
+                delays[delays.len() / 2],
+                delays[delays.len() - 1]
+            );
+            assert!(ahead >= 7, "the status came before the runtime's report in {ahead} of 8 kills");
+            agent.stop().await;
+        },
+    )
+    .await;
+}
+
+/// OOM exactness: a child OOM-killed while the init lives on is an
+/// `OOMKilling` event, not an OOMKilled container; when the init itself dies
+/// later (SIGKILL), its reason is `Error`, not the `OOMKilled` a cumulative
+/// OOM counter would suggest (kubernetes#140716).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_childs_oom_kill_does_not_make_the_container_oom_killed() {
+    e2e(
+        "a_childs_oom_kill_does_not_make_the_container_oom_killed",
+        |w| async move {
+            w.write(
+                "child-oom.yaml",
+                &format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: childoom}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: app\n    image: {IMAGE}\n    command: [/bin/sh, -c, '/bin/memhog 200; echo survived; exec /bin/sleep 3600']\n    resources: {{limits: {{memory: 32Mi}}}}\n"
+                ),
+            );
+            let agent = w.start_with(ebpf(&w)).await;
+            let pod = w.pod_name("childoom");
+            eventually(Duration::from_secs(60), "the child's OOM kill", || async {
+                agent
+                    .handles
+                    .diagnostics
+                    .ooms()
+                    .iter()
+                    .any(|o| o.pod == pod && o.comm == "memhog")
+                    .then_some(())
+            })
+            .await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let status = agent.status(&pod).expect("status");
+            assert!(running(&status, "app"), "the init lives on: {status:?}");
+            assert_eq!(container(&status, "app").map(|c| c.restart_count), Some(0));
+            kill(&w, &agent, &pod, "app").await;
+            let terminated = agent
+                .wait_status(&pod, "the init's end", Duration::from_secs(10), |s| {
+                    container(s, "app")?.state.clone()?.terminated
+                })
+                .await;
+            assert_eq!(
+                (terminated.exit_code, terminated.reason.as_deref()),
+                (137, Some("Error")),
+                "killed by SIGKILL, not by the OOM killer"
+            );
+            agent.stop().await;
+        },
+    )
+    .await;
+}
+
+/// The init itself OOM-killed is `OOMKilled`, from the kernel, at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_init_oom_kill_is_oom_killed_from_the_kernel() {
+    e2e("an_init_oom_kill_is_oom_killed_from_the_kernel", |w| async move {
+        w.write(
+            "init-oom.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: initoom}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: app\n    image: {IMAGE}\n    command: [/bin/memhog, '200']\n    resources: {{limits: {{memory: 32Mi}}}}\n"
+            ),
+        );
+        let agent = w.start_with(ebpf(&w)).await;
+        let pod = w.pod_name("initoom");
+        let terminated = agent
+            .wait_status(&pod, "the OOM kill", Duration::from_secs(60), |s| {
+                container(s, "app")?.state.clone()?.terminated
+            })
+            .await;
+        assert_eq!(
+            (terminated.exit_code, terminated.reason.as_deref()),
+            (137, Some("OOMKilled"))
+        );
+        agent.stop().await;
+    })
+    .await;
+}

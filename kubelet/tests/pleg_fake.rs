@@ -11,7 +11,7 @@ use evlet::metrics::Metrics;
 use evlet::pleg::Health;
 use evlet::pleg::ebpf::Quiet;
 use evlet::pleg::hinted::{self, Timing};
-use evlet::pleg::hints::{Hints, Reason};
+use evlet::pleg::hints::{ExitRecord, Hints, KernelExit, Reason};
 use evlet::pleg::relist::Relister;
 use evlet::pod::{PodUid, labels};
 use evlet::runtime::Runtime;
@@ -98,10 +98,19 @@ fn fake_kernel(
             }
             for death in runtime.take_deaths() {
                 if let Some(uid) = death.labels.get(labels::POD_UID) {
+                    // Every fake container has a PID namespace of its own:
+                    // the kernel's record is certain.
                     hints.exit(
                         PodUid(uid.clone()),
                         death.container_id,
-                        evlet_ebpf::monotonic_ns(),
+                        KernelExit {
+                            at: evlet_ebpf::monotonic_ns(),
+                            record: Some(ExitRecord {
+                                exit_code: death.exit_code,
+                                finished_unix_ns: death.at_ns,
+                                oom: death.reason == "OOMKilled",
+                            }),
+                        },
                     );
                 }
             }
@@ -351,16 +360,20 @@ enum Answer {
     FullRelist,
 }
 
-fn app_pod(uid: &str) -> Pod {
+fn app_pod(uid: &str, policy: &str) -> Pod {
     serde_yaml::from_str(&format!(
-        "metadata: {{name: {uid}, namespace: default, uid: {uid}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: app, image: {IMAGE}}}\n"
+        "metadata: {{name: {uid}, namespace: default, uid: {uid}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: app, image: {IMAGE}}}\n"
     ))
     .expect("pod")
 }
 
 /// Starts an app pod and waits until it runs and its post-sync relist is done.
 async fn running_pod(rig: &Rig, uid: &str) {
-    rig.add(&app_pod(uid));
+    running_pod_with(rig, uid, "Always").await;
+}
+
+async fn running_pod_with(rig: &Rig, uid: &str, policy: &str) {
+    rig.add(&app_pod(uid, policy));
     eventually(Duration::from_secs(10), "the app running", || async {
         rig.app_running(uid).then_some(())
     })
@@ -409,7 +422,14 @@ async fn init_containers_that_exit_at_once_never_hold_back_a_burst_behind_a_slow
         rig.metric("evlet_pleg_expectation_wait_seconds_count") >= 20.0,
         "the exits waited for the runtime, so expectations were exercised"
     );
-    assert_eq!(rig.metric("evlet_pleg_expectations"), 0.0, "none left open");
+    // Kernel-first: the apps run before the runtime shows the inits' exits,
+    // so the last burst's expectations close a runtime lag later.
+    eventually(
+        Duration::from_secs(3),
+        "every expectation confirmed",
+        || async { (rig.metric("evlet_pleg_expectations") == 0.0).then_some(()) },
+    )
+    .await;
 }
 
 /// A quiet pod's freshness is proven without a runtime read; every condition
@@ -486,7 +506,8 @@ async fn a_quiet_proof_is_refused_whenever_the_kernel_cannot_vouch_for_the_pod()
 #[tokio::test(flavor = "multi_thread")]
 async fn an_expected_exit_is_not_polled_while_its_pod_syncs() {
     let rig = rig(Duration::from_millis(800)).await;
-    running_pod(&rig, "s").await;
+    // Never: the worker's own sync after the exit restarts nothing.
+    running_pod_with(&rig, "s", "Never").await;
     assert!(
         rig.server
             .runtime()
@@ -538,4 +559,88 @@ async fn a_dropped_cri_event_stream_costs_a_full_relist() {
         || async { (rig.full_relists("stream_connected") >= 2.0).then_some(()) },
     )
     .await;
+}
+
+/// Kernel-first exits: with the runtime 2 s behind, a killed container shows
+/// terminated (the kernel's code) at once, and its replacement starts before
+/// the runtime has shown the old one's exit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kernel_exit_is_in_the_status_and_restarts_the_container_before_the_runtime_shows_it() {
+    let rig = rig(Duration::from_secs(2)).await;
+    running_pod(&rig, "k").await;
+    let old = rig.app_id("k");
+    let killed = Instant::now();
+    assert!(rig.server.runtime().exit_container(&old, 137, "Error"));
+    let restarted = eventually(
+        Duration::from_secs(5),
+        "the replacement running",
+        || async {
+            let view = rig.workers.view(&PodUid::from("k"))?;
+            let app = view
+                .status
+                .container_statuses?
+                .into_iter()
+                .find(|c| c.name == "app")?;
+            (app.restart_count == 1 && app.state.as_ref()?.running.is_some()).then_some(app)
+        },
+    )
+    .await;
+    let took = killed.elapsed();
+    let last = restarted
+        .last_state
+        .and_then(|l| l.terminated)
+        .expect("lastState terminated");
+    assert_eq!(
+        (last.exit_code, last.reason.as_deref()),
+        (137, Some("Error"))
+    );
+    let state = rig.server.runtime().snapshot();
+    assert_eq!(
+        state.containers[old.as_str()].state,
+        evlet_cri::api::ContainerState::ContainerRunning,
+        "the runtime had not shown the exit when the replacement ran ({took:?})"
+    );
+    assert!(took < Duration::from_secs(1), "restarted in {took:?}");
+    eventually(Duration::from_secs(5), "the runtime confirms", || async {
+        (rig.metric("evlet_pleg_expectations") == 0.0).then_some(())
+    })
+    .await;
+}
+
+/// Where the runtime reports another exit code than the kernel's, the kernel's
+/// stands and the disagreement is counted once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_that_disagrees_with_the_kernel_is_counted_and_the_kernel_wins() {
+    let rig = rig(Duration::from_millis(200)).await;
+    running_pod(&rig, "d").await;
+    rig.server.runtime().report_exit_code(Some(255));
+    let old = rig.app_id("d");
+    assert!(rig.server.runtime().exit_container(&old, 137, "Error"));
+    eventually(
+        Duration::from_secs(5),
+        "the disagreement counted",
+        || async {
+            let metrics = rig.metrics.encode();
+            metrics
+                .lines()
+                .any(|l| l == r#"evlet_pleg_runtime_disagreements_total{field="exit_code"} 1"#)
+                .then_some(())
+        },
+    )
+    .await;
+    let last = eventually(Duration::from_secs(5), "the restart", || async {
+        rig.workers
+            .view(&PodUid::from("d"))?
+            .status
+            .container_statuses?
+            .into_iter()
+            .find(|c| c.name == "app" && c.restart_count == 1)?
+            .last_state?
+            .terminated
+    })
+    .await;
+    assert_eq!(
+        last.exit_code, 137,
+        "the kernel's code, not the runtime's 255"
+    );
 }

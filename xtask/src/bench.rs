@@ -17,7 +17,7 @@ use crate::{paths, setup, sh};
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
     /// Pod counts.
-    #[arg(long, value_delimiter = ',', default_values = ["10", "100", "500"])]
+    #[arg(long, value_delimiter = ',', default_values = ["10", "100", "500", "1000"])]
     pods: Vec<usize>,
     /// PLEG modes.
     #[arg(long, value_delimiter = ',', default_values = ["generic", "cri-events", "ebpf"])]

@@ -66,7 +66,7 @@ pub fn build_all() -> Result<Vec<(&'static str, PathBuf)>> {
     Ok(out)
 }
 
-/// Builds `pause`, `memhog` and `burst` as static binaries.
+/// Builds `pause`, `memhog`, `burst` and `now` as static binaries.
 fn build_tools() -> Result<PathBuf> {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(paths::repo())
@@ -118,6 +118,7 @@ fn layer(tools: &Path) -> Result<Vec<u8>> {
         ("pause", "pause"),
         ("memhog", "bin/memhog"),
         ("burst", "bin/burst"),
+        ("now", "bin/now"),
     ] {
         let bytes = fs::read(tools.join(program))
             .with_context(|| format!("cannot read the built {program}"))?;

@@ -128,8 +128,9 @@ fn stage<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// line's own containerd; everything they print goes to `log`.
 fn run_line(node: &Node, node_targets: &[String], log: &Path) -> Result<()> {
     let mut out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    // --no-fail-fast: every suite runs and reports, even after a failing one.
     let mut suites: Vec<(Vec<&str>, &str)> = vec![(
-        with_tests(vec!["test", "--locked"], node_targets),
+        with_tests(vec!["test", "--locked", "--no-fail-fast"], node_targets),
         "generic",
     )];
     if node_targets.iter().any(|t| t == E2E_SUITE) {
@@ -261,10 +262,14 @@ pub fn test(options: &Options) -> Result<()> {
         })?;
     }
     if !targets.node.is_empty() {
-        let failures = stage("node tests", || Ok(node_suites(options, &targets.node)))?;
-        if !failures.is_empty() {
-            bail!("node tests failed:\n{}", failures.join("\n"));
-        }
+        stage("node tests", || {
+            let failures = node_suites(options, &targets.node);
+            if failures.is_empty() {
+                Ok(())
+            } else {
+                bail!("node tests failed:\n{}", failures.join("\n"))
+            }
+        })?;
     }
     if !options.no_bench {
         stage("bench --quick", || {

@@ -8,10 +8,14 @@
 //! 3. container kills at random pods: SIGKILL of the init process (the ground truth)
 //!    → the PLEG's ContainerDied event (evlet's JSON log) and → `/pods/<ns>/<name>`
 //!    showing the container terminated, next to → CRI `ContainerStatus` reporting
-//!    EXITED (polled every 1 ms: the floor of any agent that reads the runtime);
+//!    EXITED (polled every 1 ms: the floor of any agent that reads the runtime),
+//!    and → the pod's replacement container running (`restartPolicy: Always`);
 //! 4. an OOM kill: the kernel's message on `/dev/kmsg` → `OOMKilled` in the pod status;
 //! 5. once per N, the CRI status calls a relist makes (PodSandboxStatus + ContainerStatus)
-//!    against the N real pods: calls/s and latency, one at a time and 8 in flight.
+//!    against the N real pods: calls/s and latency, one at a time and 8 in flight;
+//! 6. once per N, before the agents, the runtime's floor (`evlet_bench::floor`):
+//!    N pods started straight over CRI with evlet's configs and parallelism, and
+//!    one container's create + start at that density (the floor of kill → replacement).
 //!
 //! Output: `<out>/<timestamp>.json` (with every sample), `.md` (tables with ratios
 //! against `ebpf`) and `.png`; full runs also refresh `latest.*`.
@@ -19,7 +23,7 @@
 //! Run it through xtask, which sets up the machine and the containerd 1.7 node:
 //!
 //! ```sh
-//! cargo xtask bench                       # N = 10,100,500, all modes (~25 min here)
+//! cargo xtask bench                       # N = 10,100,500,1000, all modes
 //! cargo xtask bench --quick               # N = 10, short windows: checks the harness
 //! cargo xtask bench --pods 100 --modes generic,ebpf
 //! ```
@@ -31,7 +35,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
-use evlet_bench::report::{self, CriCalls, Machine, Results, Run};
+use evlet_bench::floor;
+use evlet_bench::report::{self, CriCalls, Floor, Machine, Results, Run};
 use evlet_bench::{Agent, AgentSpec, Endpoint, NODE, Summary, pleg_events, process_cpu, rss_mib};
 use evlet_cri::{
     ContainerFilter, ContainerId, Options, RuntimeClient, SandboxFilter, SandboxId, api,
@@ -121,7 +126,7 @@ fn pod_name(i: usize) -> String {
 
 fn manifest(i: usize, image: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: b{i}}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: {APP}\n    image: {image}\n    command: [/bin/sleep, '86400']\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: b{i}}}\nspec:\n  restartPolicy: Always\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: {APP}\n    image: {image}\n    command: [/bin/sleep, '86400']\n"
     )
 }
 
@@ -253,6 +258,7 @@ async fn kills(
     let mut killed = Vec::new();
     let mut to_status = Vec::new();
     let mut to_runtime = Vec::new();
+    let mut to_replacement = Vec::new();
     const LIMIT: Duration = Duration::from_secs(15);
     for i in order.into_iter().take(plan.kills) {
         let name = pod_name(i);
@@ -279,10 +285,20 @@ async fn kills(
             continue;
         }
         let cid = ContainerId::new(id.clone());
-        let in_status = poll_pod(&agent.http, &name, Duration::from_millis(2), LIMIT, |p| {
+        // The kill shows as the old container terminated, or (once the
+        // replacement runs) as its last state.
+        let in_status = poll_pod(&agent.http, &name, Duration::from_millis(1), LIMIT, |p| {
             let c = first_container(p);
-            c["state"]["terminated"].is_object()
-                && c["containerID"].as_str().is_some_and(|s| s.ends_with(&id))
+            (c["state"]["terminated"].is_object()
+                && c["containerID"].as_str().is_some_and(|s| s.ends_with(&id)))
+                || c["lastState"]["terminated"]["containerID"]
+                    .as_str()
+                    .is_some_and(|s| s.ends_with(&id))
+        });
+        let replaced = poll_pod(&agent.http, &name, Duration::from_millis(1), LIMIT, |p| {
+            let c = first_container(p);
+            c["state"]["running"].is_object()
+                && c["containerID"].as_str().is_some_and(|s| !s.ends_with(&id))
         });
         // The floor any CRI-based agent has: when the runtime itself reports the exit.
         let in_runtime = async {
@@ -296,7 +312,13 @@ async fn kills(
             }
             None
         };
-        let (seen, runtime) = tokio::join!(in_status, in_runtime);
+        let (seen, runtime, replacement) = tokio::join!(in_status, in_runtime, replaced);
+        match replacement {
+            Some(at) => to_replacement.push(at - sent),
+            None => run
+                .errors
+                .push(format!("{name}: no replacement running after {LIMIT:?}")),
+        }
         match seen {
             Some(at) => to_status.push(at - sent),
             None => run
@@ -315,6 +337,7 @@ async fn kills(
     }
     run.kill_to_status = Summary::of(&to_status);
     run.kill_to_runtime = Summary::of(&to_runtime);
+    run.kill_to_replacement = Summary::of(&to_replacement);
     Ok(killed)
 }
 
@@ -587,6 +610,7 @@ async fn main() -> Result<()> {
         ),
         runs: Vec::new(),
         cri: Vec::new(),
+        floors: Vec::new(),
     };
     let ctx = Ctx {
         args,
@@ -595,7 +619,30 @@ async fn main() -> Result<()> {
         plan,
     };
     cleanup(&ctx.client).await?;
+    floor::cleanup(&ctx.client).await?;
     for &pods in &ctx.args.pods {
+        eprintln!("bench: the runtime's floor with {pods} pods");
+        let floor_root = ctx.args.work.join("floor-root");
+        let measured = floor::measure(
+            &ctx.client,
+            &floor_root,
+            &ctx.node.cgroup_root,
+            &ctx.node.image,
+            pods,
+            ctx.plan.kills.min(pods),
+        )
+        .await;
+        floor::cleanup(&ctx.client).await?;
+        let measured = measured.context("the CRI-only floor")?;
+        eprintln!(
+            "bench: floor with {pods} pods: all started after {:.1}s",
+            measured.start_total.as_secs_f64()
+        );
+        results.floors.push(Floor {
+            pods,
+            start_total_s: measured.start_total.as_secs_f64(),
+            create_start: measured.create_start,
+        });
         for (k, mode) in ctx.args.modes.iter().enumerate() {
             let (run, cri) = match one(&ctx, mode, pods, k == 0).await {
                 Ok(done) => done,

@@ -168,6 +168,12 @@ impl FakeRuntime {
         lock(&self.shared.state).exit_lag_ns = i64::try_from(lag.as_nanos()).unwrap_or(i64::MAX);
     }
 
+    /// Makes the runtime report `code` for every exit from now on (`None`: the
+    /// real code), as a runtime that lost track of its tasks does.
+    pub fn report_exit_code(&self, code: Option<i32>) {
+        lock(&self.shared.state).reported_exit_code = code;
+    }
+
     /// The container processes that died since the last call, as the kernel
     /// sees them: at once, before the runtime shows the exits.
     pub fn take_deaths(&self) -> Vec<state::ProcessExit> {

@@ -69,6 +69,8 @@ pub struct ProcessExit {
     pub labels: std::collections::HashMap<String, String>,
     /// The exit code.
     pub exit_code: i32,
+    /// Why (`OOMKilled` for the OOM killer's victim).
+    pub reason: String,
     /// When it died (wall-clock ns).
     pub at_ns: i64,
 }
@@ -89,6 +91,9 @@ pub struct State {
     pub exit_lag_ns: i64,
     /// Deaths not yet taken by [`State::take_deaths`].
     deaths: Vec<ProcessExit>,
+    /// The runtime reports this exit code for every exit instead of the real
+    /// one (containerd 2.x reports 255 for a task that died while it restarted).
+    pub reported_exit_code: Option<i32>,
     next_id: u64,
 }
 
@@ -474,6 +479,7 @@ impl State {
             container_id: c.id.clone(),
             labels: c.config.labels.clone(),
             exit_code,
+            reason: reason.to_owned(),
             at_ns: now,
         });
         c.dying = Some((now, exit_code, reason.to_owned()));
@@ -485,11 +491,12 @@ impl State {
 
     /// The runtime processes a dead container's exit: it shows Exited from now on.
     fn reap(&mut self, id: &str) -> Option<api::ContainerEventResponse> {
+        let reported = self.reported_exit_code;
         let c = self.containers.get_mut(id)?;
         let (at, exit_code, reason) = c.dying.take()?;
         c.state = ContainerState::ContainerExited;
         c.finished_at = at;
-        c.exit_code = exit_code;
+        c.exit_code = reported.unwrap_or(exit_code);
         c.reason = reason;
         let c = c.clone();
         Some(event(

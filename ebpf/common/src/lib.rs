@@ -59,6 +59,9 @@ pub mod flag {
     pub const THREAD_EXEC: u32 = 1 << 2;
     /// OOM_KILL: the tracepoint carried RSS fields (kernels with the extended `mark_victim`).
     pub const OOM_HAS_RSS: u32 = 1 << 3;
+    /// EXIT, EXEC: the process is PID 1 of a PID namespace other than the
+    /// initial one: a container's (or a pod sandbox's) init, certainly.
+    pub const NS_INIT: u32 = 1 << 4;
 }
 
 /// Bits of the `CONFIG_FLAGS` global set at load time.
@@ -102,7 +105,9 @@ pub struct Header {
 pub struct ProcEvent {
     /// Common fields.
     pub header: Header,
-    /// EXIT: the wait status (`task->exit_code`: bits 8–15 exit status, low 7 bits signal).
+    /// EXIT: the wait status as `wait4` reports it (bits 8–15 exit status, low
+    /// 7 bits signal): the group's exit code after a group exit or a fatal
+    /// signal, else the leader's `exit_code`.
     /// FORK: the child's TID. EXEC: the old TID.
     pub aux: u32,
     /// FORK: the child's TGID. Otherwise 0.

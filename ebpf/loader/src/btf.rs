@@ -60,6 +60,27 @@ impl KernelBtf {
         Ok(bits / 8)
     }
 
+    /// Size in bytes of `struct structure`.
+    ///
+    /// # Errors
+    /// [`Error::BtfMember`] (member `sizeof`) if there is no such struct.
+    pub fn struct_size(&self, structure: &'static str) -> Result<u32, Error> {
+        let missing = || Error::BtfMember {
+            structure,
+            member: "sizeof",
+        };
+        let name = CString::new(structure).map_err(|_| missing())?;
+        // SAFETY: `self.btf` is valid; `name` is NUL-terminated.
+        let id =
+            unsafe { libbpf_sys::btf__find_by_name_kind(self.btf, name.as_ptr(), BTF_KIND_STRUCT) };
+        if id < 0 {
+            return Err(missing());
+        }
+        // SAFETY: `self.btf` is valid and `id` came from it.
+        let size = unsafe { libbpf_sys::btf__resolve_size(self.btf, id as u32) };
+        u32::try_from(size).map_err(|_| missing())
+    }
+
     /// Bit offset of `member` inside type `id` (a struct or union), recursing into
     /// anonymous members.
     fn find(&self, id: u32, member: &str, base_bits: u32) -> Option<u32> {
@@ -145,6 +166,12 @@ mod tests {
             "pid_t pid; pid_t tgid; are adjacent in every kernel"
         );
         assert!(btf.member_offset("signal_struct", "live").is_ok());
+        assert!(btf.member_offset("pid", "numbers").is_ok());
+        assert_eq!(
+            btf.struct_size("upid").expect("upid"),
+            16,
+            "int nr; struct pid_namespace *ns;"
+        );
         assert!(matches!(
             btf.member_offset("task_struct", "no_such_member"),
             Err(Error::BtfMember { .. })

@@ -22,13 +22,25 @@ pub struct Origin {
 pub struct Exit {
     /// Who and when.
     pub origin: Origin,
-    /// `task->exit_code`, a wait status.
+    /// The wait status `wait4` gives the process's parent.
     pub wait_status: u32,
+    /// The process was PID 1 of its own PID namespace (a container's init).
+    pub ns_init: bool,
     /// Command name.
     pub comm: String,
 }
 
 impl Exit {
+    /// The exit code as container runtimes report it: `128 + signal` for a
+    /// process killed by a signal, else its exit status (as containerd's shim).
+    pub fn runtime_exit_code(&self) -> i32 {
+        match (self.signal(), self.exit_code()) {
+            (Some(sig), _) => 128 + sig,
+            (None, Some(code)) => code,
+            (None, None) => 255,
+        }
+    }
+
     /// The exit status if the task exited normally (`WIFEXITED`).
     pub fn exit_code(&self) -> Option<i32> {
         (self.wait_status & 0x7f == 0).then_some(((self.wait_status >> 8) & 0xff) as i32)
@@ -97,6 +109,8 @@ pub enum Event {
         origin: Origin,
         /// The TID before exec (differs from `origin.pid` when a non-leader thread exec'd).
         old_pid: u32,
+        /// The process is PID 1 of its own PID namespace (a container's init).
+        ns_init: bool,
         /// Command name after exec.
         comm: String,
     },
@@ -166,16 +180,19 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                 kind::EXIT => Event::Exit(Exit {
                     origin,
                     wait_status: p.aux,
+                    ns_init: p.header.flags & flag::NS_INIT != 0,
                     comm: text(&p.comm),
                 }),
                 kind::THREAD_EXIT => Event::ThreadExit(Exit {
                     origin,
                     wait_status: p.aux,
+                    ns_init: false,
                     comm: text(&p.comm),
                 }),
                 kind::EXEC => Event::Exec {
                     origin,
                     old_pid: p.aux,
+                    ns_init: p.header.flags & flag::NS_INIT != 0,
                     comm: text(&p.comm),
                 },
                 _ => Event::Fork {
@@ -260,11 +277,19 @@ mod tests {
             (e.origin.tgid, e.exit_code(), e.signal(), e.comm.as_str()),
             (42, Some(3), None, "sh")
         );
+        assert_eq!((e.runtime_exit_code(), e.ns_init), (3, false));
         p.aux = 9;
+        p.header.flags = flag::NS_INIT;
         let Some(Event::Exit(e)) = decode(&bytes(&p)) else {
             panic!("exit expected")
         };
         assert_eq!((e.exit_code(), e.signal()), (None, Some(9)));
+        assert_eq!((e.runtime_exit_code(), e.ns_init), (137, true));
+        p.aux = 0x80 | 11;
+        let Some(Event::Exit(e)) = decode(&bytes(&p)) else {
+            panic!("exit expected")
+        };
+        assert_eq!(e.runtime_exit_code(), 139, "a core dump keeps its signal");
     }
 
     #[test]

@@ -145,6 +145,26 @@ impl Offsets {
                 "SIGNAL_LIVE_OFF",
                 btf.member_offset("signal_struct", "live")?,
             ),
+            (
+                "SIGNAL_FLAGS_OFF",
+                btf.member_offset("signal_struct", "flags")?,
+            ),
+            (
+                "SIGNAL_GROUP_EXIT_CODE_OFF",
+                btf.member_offset("signal_struct", "group_exit_code")?,
+            ),
+            (
+                "TASK_GROUP_LEADER_OFF",
+                btf.member_offset("task_struct", "group_leader")?,
+            ),
+            (
+                "TASK_THREAD_PID_OFF",
+                btf.member_offset("task_struct", "thread_pid")?,
+            ),
+            ("PID_LEVEL_OFF", btf.member_offset("pid", "level")?),
+            ("PID_NUMBERS_OFF", btf.member_offset("pid", "numbers")?),
+            ("UPID_NR_OFF", btf.member_offset("upid", "nr")?),
+            ("UPID_SIZE", btf.struct_size("upid")?),
         ];
         let exec = Format::read(tracefs, "sched", "sched_process_exec")?;
         globals.push(("EXEC_OLD_PID_OFF", exec.require("old_pid")?));

@@ -299,6 +299,90 @@ async fn a_leader_exiting_first_reports_once_when_the_last_thread_exits() {
     );
 }
 
+/// A container's init is PID 1 of its own PID namespace: its exec and its
+/// exit say so, and nothing else's do.
+#[tokio::test]
+async fn a_namespace_init_is_flagged_in_its_exec_and_exit() {
+    let tree = Tree::new();
+    let Some((_probes, mut reader)) = load(&tree, Config::default()) else {
+        return;
+    };
+    let (cg, _) = tree.mkdir("pidns");
+    let mut child = spawn_in(&[cg], &["pidns-init", "6"]);
+    let pid = child.id();
+    assert_eq!(child.wait().expect("wait").code(), Some(6));
+    let events = until(&mut reader, "the helper's exit", |e| is_exit_of(e, pid)).await;
+    let init_exits: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Exit(x) if x.ns_init => Some(x),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(init_exits.len(), 1, "{events:#?}");
+    assert_ne!(init_exits[0].origin.tgid, pid, "the child, not the helper");
+    assert_eq!(init_exits[0].runtime_exit_code(), 6);
+    assert!(
+        events.iter().any(
+            |e| matches!(e, Event::Exec { origin, ns_init: true, .. } if origin.tgid == init_exits[0].origin.tgid)
+        ),
+        "the init's exec is flagged: {events:#?}"
+    );
+    let helper = events.iter().find_map(|e| match e {
+        Event::Exit(x) if x.origin.tgid == pid => Some(x),
+        _ => None,
+    });
+    assert_eq!(
+        helper.map(|x| x.ns_init),
+        Some(false),
+        "the helper is no init"
+    );
+}
+
+/// Without a group exit, the wait status is the leader's (as `wait4` says),
+/// even though another thread exits last.
+#[tokio::test]
+async fn the_leaders_status_is_the_processes_without_a_group_exit() {
+    let tree = Tree::new();
+    let Some((_probes, mut reader)) = load(&tree, Config::default()) else {
+        return;
+    };
+    let (cg, _) = tree.mkdir("status");
+    let mut child = spawn_in(&[cg], &["leader-status", "7"]);
+    let pid = child.id();
+    assert_eq!(child.wait().expect("wait").code(), Some(7));
+    let events = until(&mut reader, "the group exit", |e| is_exit_of(e, pid)).await;
+    let exit = events.iter().find_map(|e| match e {
+        Event::Exit(x) if x.origin.tgid == pid => Some(x),
+        _ => None,
+    });
+    assert_eq!(exit.map(evlet_ebpf::Exit::exit_code), Some(Some(7)));
+}
+
+/// A SIGKILL is reported as the signal, 137 as runtimes say.
+#[tokio::test]
+async fn a_killed_process_reports_its_signal() {
+    let tree = Tree::new();
+    let Some((_probes, mut reader)) = load(&tree, Config::default()) else {
+        return;
+    };
+    let (cg, _) = tree.mkdir("killed");
+    let mut child = spawn_in(&[cg], &["hog", "1"]);
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(100));
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let events = until(&mut reader, "the exit", |e| is_exit_of(e, pid)).await;
+    let exit = events.iter().find_map(|e| match e {
+        Event::Exit(x) if x.origin.tgid == pid => Some(x),
+        _ => None,
+    });
+    assert_eq!(
+        exit.map(|x| (x.signal(), x.runtime_exit_code())),
+        Some((Some(9), 137))
+    );
+}
+
 #[tokio::test]
 async fn processes_outside_watched_cgroups_give_no_event() {
     let tree = Tree::new();

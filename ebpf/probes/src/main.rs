@@ -52,6 +52,22 @@ static SIGNAL_LIVE_OFF: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_PID_OFF: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static TASK_GROUP_LEADER_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_THREAD_PID_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SIGNAL_FLAGS_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SIGNAL_GROUP_EXIT_CODE_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static PID_LEVEL_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static PID_NUMBERS_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static UPID_NR_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static UPID_SIZE: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static TASK_TGID_OFF: Global<u32> = Global::new(0);
 
 // Classic tracepoint field offsets from tracefs `format` files (0: field absent).
@@ -89,6 +105,11 @@ static MV_PGTABLES_OFF: Global<u32> = Global::new(0);
 static MV_OOM_SCORE_ADJ_OFF: Global<u32> = Global::new(0);
 
 const CLONE_THREAD: u64 = 0x0001_0000;
+/// `SIGNAL_GROUP_EXIT` (include/linux/sched/signal.h): a group exit or a
+/// fatal signal is in progress, and `signal->group_exit_code` holds the status.
+const SIGNAL_GROUP_EXIT: u32 = 0x0000_0004;
+/// `MAX_PID_NS_LEVEL` (include/linux/pid_namespace.h).
+const MAX_PID_NS_LEVEL: u32 = 32;
 
 #[inline(always)]
 fn count_lost() {
@@ -132,6 +153,33 @@ fn read_kernel<T>(base: u64, off: u32) -> Option<T> {
     }
     // SAFETY: bpf_probe_read_kernel validates the address; a bad one yields Err.
     unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
+}
+
+/// Is `task`'s thread group PID 1 of its own PID namespace (not the initial
+/// one)? Reads `group_leader->thread_pid->numbers[level].nr`: the leader's
+/// `struct pid` stays attached until the whole group is released.
+#[inline(always)]
+fn is_ns_init(task: u64) -> bool {
+    let leader: u64 = read_kernel(task, TASK_GROUP_LEADER_OFF.load()).unwrap_or(0);
+    let pid: u64 = read_kernel(leader, TASK_THREAD_PID_OFF.load()).unwrap_or(0);
+    let level: u32 = read_kernel(pid, PID_LEVEL_OFF.load()).unwrap_or(0);
+    if level == 0 || level > MAX_PID_NS_LEVEL {
+        return false;
+    }
+    let off = PID_NUMBERS_OFF.load() + level * UPID_SIZE.load() + UPID_NR_OFF.load();
+    read_kernel::<i32>(pid, off).unwrap_or(0) == 1
+}
+
+/// The wait status `wait4` gives the group's parent (`wait_task_zombie`):
+/// after a group exit or a fatal signal the group's code, else the leader's.
+#[inline(always)]
+fn group_wait_status(task: u64, signal: u64) -> u32 {
+    let flags: u32 = read_kernel(signal, SIGNAL_FLAGS_OFF.load()).unwrap_or(0);
+    if flags & SIGNAL_GROUP_EXIT != 0 {
+        return read_kernel(signal, SIGNAL_GROUP_EXIT_CODE_OFF.load()).unwrap_or(0);
+    }
+    let leader: u64 = read_kernel(task, TASK_GROUP_LEADER_OFF.load()).unwrap_or(0);
+    read_kernel(leader, TASK_EXIT_CODE_OFF.load()).unwrap_or(0)
 }
 
 fn send_proc(kind: u32, flags: u32, cgroup_id: u64, aux: u32, aux2: u32) {
@@ -186,13 +234,14 @@ fn on_exit() {
     if !group_dead && CONFIG_FLAGS.load() & config::EMIT_THREAD_EXITS == 0 {
         return;
     }
-    let exit_code: u32 = read_kernel(task, TASK_EXIT_CODE_OFF.load()).unwrap_or(0);
-    let kind = if group_dead {
-        kind::EXIT
+    let (kind, status, flags) = if group_dead {
+        let init = if is_ns_init(task) { flag::NS_INIT } else { 0 };
+        (kind::EXIT, group_wait_status(task, signal), init)
     } else {
-        kind::THREAD_EXIT
+        let code: u32 = read_kernel(task, TASK_EXIT_CODE_OFF.load()).unwrap_or(0);
+        (kind::THREAD_EXIT, code, 0)
     };
-    send_proc(kind, flag::WATCHED, cgroup_id, exit_code, 0);
+    send_proc(kind, flag::WATCHED | flags, cgroup_id, status, 0);
 }
 
 fn on_exec(old_pid: u32) {
@@ -201,12 +250,15 @@ fn on_exec(old_pid: u32) {
         return;
     }
     let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: helper without preconditions; the pointer is only used through probe reads.
+    let task = unsafe { bpf_get_current_task() };
     let flags = flag::WATCHED
         | if old_pid != 0 && old_pid != tid {
             flag::THREAD_EXEC
         } else {
             0
-        };
+        }
+        | if is_ns_init(task) { flag::NS_INIT } else { 0 };
     send_proc(kind::EXEC, flags, cgroup_id, old_pid, 0);
 }
 

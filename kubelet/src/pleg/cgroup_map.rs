@@ -21,6 +21,9 @@ pub struct Owner {
     pub container: Option<String>,
     /// The container's init process (TGID), once known.
     pub init: Option<u32>,
+    /// The init is certain: PID 1 of its own PID namespace (not merely the
+    /// first process that exec'd in the cgroup).
+    pub init_exact: bool,
 }
 
 /// Parses a cgroup path into pod UID and container ID (cgroupfs or systemd layout).
@@ -50,6 +53,9 @@ pub enum ExitHint {
         uid: PodUid,
         /// The container (or sandbox) ID.
         container: String,
+        /// Certain (the init is its PID namespace's PID 1): the kernel's
+        /// record may go into the status before the runtime confirms it.
+        exact: bool,
     },
     /// A process exited in a container whose init has not exec'd yet: worth a
     /// relist, but it says nothing certain about the container.
@@ -72,6 +78,7 @@ impl CgroupMap {
                 uid,
                 container,
                 init: None,
+                init_exact: false,
             },
         );
         self.by_id.get(&id)
@@ -87,27 +94,34 @@ impl CgroupMap {
         self.by_id.get(&id)
     }
 
-    /// Notes an exec in a container cgroup: the first one is the container's init.
-    pub fn exec(&mut self, id: u64, tgid: u32) {
+    /// Notes an exec in a container cgroup: the first PID-namespace init to
+    /// exec is the container's init for certain; until one does, the first
+    /// process to exec is presumed to be (containers sharing the pod's PID
+    /// namespace have no init of their own).
+    pub fn exec(&mut self, id: u64, tgid: u32, ns_init: bool) {
         if let Some(o) = self.by_id.get_mut(&id)
             && o.container.is_some()
-            && o.init.is_none()
+            && !o.init_exact
+            && (o.init.is_none() || ns_init)
         {
             o.init = Some(tgid);
+            o.init_exact = ns_init;
         }
     }
 
     /// What a process exit in cgroup `id` means (invariant 9): the init of a
-    /// container died, a process of a container whose init is not known yet
+    /// container died (`exact` if it was the container's PID-namespace init and
+    /// exits as one), a process of a container whose init is not known yet
     /// exited (runc's set-up stages do, before the entrypoint's exec), or
     /// nothing (`None`: noise, or not a container's cgroup).
-    pub fn exit_hint(&self, id: u64, tgid: u32) -> Option<ExitHint> {
+    pub fn exit_hint(&self, id: u64, tgid: u32, ns_init: bool) -> Option<ExitHint> {
         let o = self.by_id.get(&id)?;
         let container = o.container.as_ref()?;
         match o.init {
             Some(init) if init == tgid => Some(ExitHint::Init {
                 uid: o.uid.clone(),
                 container: container.clone(),
+                exact: o.init_exact && ns_init,
             }),
             Some(_) => None,
             None => Some(ExitHint::BeforeInit(o.uid.clone())),
@@ -115,22 +129,25 @@ impl CgroupMap {
     }
 }
 
-/// The PID-1-of-its-namespace process in a cgroup (a container's init).
+/// The PID-1-of-its-namespace process in a cgroup (a container's init); of
+/// several (a nested PID namespace inside the container), the shallowest.
 pub fn namespace_init(dir: &Path) -> Option<u32> {
     let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
     procs
         .lines()
         .filter_map(|l| l.trim().parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find(|l| l.starts_with("NSpid:"))
-                        .map(|l| l.split_whitespace().last() == Some("1"))
-                })
-                .unwrap_or(false)
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let levels: Vec<&str> = status
+                .lines()
+                .find(|l| l.starts_with("NSpid:"))?
+                .split_whitespace()
+                .skip(1)
+                .collect();
+            (levels.len() > 1 && levels.last() == Some(&"1")).then_some((levels.len(), pid))
         })
+        .min()
+        .map(|(_, pid)| pid)
 }
 
 #[cfg(test)]
@@ -161,23 +178,51 @@ mod tests {
         let mut map = CgroupMap::default();
         map.insert(7, "/kubepods/podu/c1");
         assert_eq!(
-            map.exit_hint(7, 99),
+            map.exit_hint(7, 99, false),
             Some(ExitHint::BeforeInit(PodUid::from("u"))),
             "init unknown (runc's set-up stages): a plain hint, not the container's death"
         );
-        map.exec(7, 100);
-        map.exec(7, 200);
-        assert_eq!(map.exit_hint(7, 200), None, "a later exec's exit is noise");
+        map.exec(7, 90, false);
+        map.exec(7, 100, true);
+        map.exec(7, 200, false);
+        map.exec(7, 300, true);
         assert_eq!(
-            map.exit_hint(7, 100),
+            map.exit_hint(7, 90, false),
+            None,
+            "a presumed init replaced by the real one"
+        );
+        assert_eq!(
+            map.exit_hint(7, 200, false),
+            None,
+            "a later exec's exit is noise"
+        );
+        assert_eq!(
+            map.exit_hint(7, 300, true),
+            None,
+            "a nested PID namespace's init is not the container's"
+        );
+        assert_eq!(
+            map.exit_hint(7, 100, true),
             Some(ExitHint::Init {
                 uid: PodUid::from("u"),
-                container: "c1".into()
+                container: "c1".into(),
+                exact: true
             })
+        );
+        map.insert(9, "/kubepods/podu/shared");
+        map.exec(9, 400, false);
+        assert_eq!(
+            map.exit_hint(9, 400, false),
+            Some(ExitHint::Init {
+                uid: PodUid::from("u"),
+                container: "shared".into(),
+                exact: false
+            }),
+            "a shared PID namespace: presumed, for the runtime to confirm"
         );
         map.insert(8, "/kubepods/podu");
         assert_eq!(
-            map.exit_hint(8, 1),
+            map.exit_hint(8, 1, true),
             None,
             "the pod's own cgroup has no init"
         );

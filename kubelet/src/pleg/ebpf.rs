@@ -8,6 +8,7 @@
 //! targeted lookup, then a full relist; a lost ring-buffer record, a reader
 //! restart or a load of the probes triggers a full relist.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cgroup_map::{CgroupMap, ExitHint, Owner, namespace_init};
-use super::hints::{Hints, Reason};
+use super::hints::{ExitRecord, Hints, KernelExit, Reason};
 use crate::cache::PodCache;
 use crate::diagnostics::{Diagnostics, OomRecord};
 use crate::lock::lock;
@@ -201,7 +202,7 @@ impl EbpfSource {
                 if map.insert(id, &rel).is_some()
                     && let Some(init) = namespace_init(&dir)
                 {
-                    map.exec(id, init);
+                    map.exec(id, init, true);
                 }
             }
         }
@@ -294,6 +295,7 @@ const LOSS_CHECK: Duration = Duration::from_secs(1);
 /// and every [`LOSS_CHECK`].
 async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
     let mut lost_seen = reader.lost().unwrap_or(0);
+    let mut state = ReaderState::new();
     let mut batch = Vec::new();
     let mut tick = tokio::time::interval(LOSS_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -311,7 +313,7 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
         }
         reader.drain_ready(&mut batch);
         for event in batch.drain(..) {
-            handle(&ctx, event);
+            handle(&ctx, &mut state, event);
         }
         let loss_known = match reader.lost() {
             Ok(lost) => {
@@ -342,6 +344,62 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
     }
 }
 
+/// How many recent OOM victims the reader remembers until their group exits.
+const OOM_VICTIMS: usize = 1024;
+
+/// What the reader keeps between records.
+#[derive(Debug)]
+struct ReaderState {
+    /// Processes (TGIDs) the kernel's OOM killer chose whose exit has not
+    /// come yet: a victim's OOM record precedes its process's exit record.
+    oom_victims: VecDeque<u32>,
+    /// Wall clock minus CLOCK_MONOTONIC, measured once: the kernel's exit
+    /// times become wall times consistently.
+    wall_offset_ns: i64,
+}
+
+impl ReaderState {
+    fn new() -> Self {
+        let mono = i64::try_from(evlet_ebpf::monotonic_ns()).unwrap_or(0);
+        Self {
+            oom_victims: VecDeque::new(),
+            wall_offset_ns: crate::clock::unix_ns() - mono,
+        }
+    }
+
+    fn oom_victim(&mut self, tgid: u32) {
+        if self.oom_victims.len() == OOM_VICTIMS {
+            self.oom_victims.pop_front();
+        }
+        self.oom_victims.push_back(tgid);
+    }
+
+    /// Was `tgid` an OOM victim? (Forgets it: a TGID is reused later.)
+    fn take_oom(&mut self, tgid: u32) -> bool {
+        match self.oom_victims.iter().position(|t| *t == tgid) {
+            Some(i) => {
+                self.oom_victims.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// What the kernel says about an exit.
+    fn kernel_exit(&mut self, e: &evlet_ebpf::Exit, exact: bool) -> KernelExit {
+        let oom = self.take_oom(e.origin.tgid);
+        KernelExit {
+            at: e.origin.ktime_ns,
+            record: exact.then(|| ExitRecord {
+                exit_code: e.runtime_exit_code(),
+                finished_unix_ns: i64::try_from(e.origin.ktime_ns).unwrap_or(i64::MAX)
+                    + self.wall_offset_ns,
+                oom,
+            }),
+        }
+    }
+}
+
 /// Finds an unknown cgroup by its ID under the pods' root (rare: a cgroup made
 /// before the probes or while the reader was down).
 fn lookup(ctx: &Ctx, id: u64) -> bool {
@@ -357,13 +415,13 @@ fn lookup(ctx: &Ctx, id: u64) -> bool {
     let mut map = lock(&ctx.map);
     map.insert(id, &rel).is_some() && {
         if let Some(init) = namespace_init(&dir) {
-            map.exec(id, init);
+            map.exec(id, init, true);
         }
         true
     }
 }
 
-fn handle(ctx: &Ctx, event: Event) {
+fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
     tracing::trace!(?event, "kernel event");
     match event {
         Event::CgroupMkdir(c) => {
@@ -377,16 +435,26 @@ fn handle(ctx: &Ctx, event: Event) {
                 ..
             }) = owner
             {
-                // The cgroup goes at the container's removal: it has stopped.
-                ctx.hints.exit(uid, container, c.origin.ktime_ns);
+                // The cgroup goes at the container's removal: it has stopped
+                // (and its exit, if any, came before).
+                ctx.hints.exit(
+                    uid,
+                    container,
+                    KernelExit {
+                        at: c.origin.ktime_ns,
+                        record: None,
+                    },
+                );
             }
         }
-        Event::Exec { origin, .. } => {
+        Event::Exec {
+            origin, ns_init, ..
+        } => {
             let known = lock(&ctx.map).get(origin.cgroup_id).is_some();
             if !known {
                 lookup(ctx, origin.cgroup_id);
             }
-            lock(&ctx.map).exec(origin.cgroup_id, origin.tgid);
+            lock(&ctx.map).exec(origin.cgroup_id, origin.tgid, ns_init);
         }
         Event::Exit(e) => {
             let id = e.origin.cgroup_id;
@@ -397,17 +465,23 @@ fn handle(ctx: &Ctx, event: Event) {
                 );
                 return;
             }
-            let hint = lock(&ctx.map).exit_hint(id, e.origin.tgid);
+            let hint = lock(&ctx.map).exit_hint(id, e.origin.tgid, e.ns_init);
             tracing::debug!(tgid = e.origin.tgid, cgroup = id, ?hint, "process exit");
             match hint {
-                Some(ExitHint::Init { uid, container }) => {
-                    ctx.hints.exit(uid, container, e.origin.ktime_ns);
+                Some(ExitHint::Init {
+                    uid,
+                    container,
+                    exact,
+                }) => {
+                    let exit = state.kernel_exit(&e, exact);
+                    ctx.hints.exit(uid, container, exit);
                 }
                 Some(ExitHint::BeforeInit(uid)) => ctx.hints.pod(uid, Some(e.origin.ktime_ns)),
                 None => {}
             }
         }
         Event::OomKill(o) => {
+            state.oom_victim(o.origin.tgid);
             let owner = lock(&ctx.map).get(o.origin.cgroup_id).cloned();
             let Some(owner) = owner else {
                 if o.origin.watched {

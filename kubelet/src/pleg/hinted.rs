@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ebpf::Quiet;
-use super::hints::{Dirty, Hints, Next, Reason};
+use super::hints::{Dirty, ExitRecord, Hints, KernelExit, Next, Reason};
 use super::relist::{PodRelist, Relister};
 use crate::backoff::Retry;
 use crate::metrics::Metrics;
@@ -89,8 +89,8 @@ impl Timing {
 /// Kernel exits the runtime has not shown yet, for one pod.
 #[derive(Debug, Clone)]
 struct Expect {
-    /// Container (or sandbox) ID → the kernel's exit time (CLOCK_MONOTONIC ns).
-    exits: BTreeMap<String, u64>,
+    /// Container (or sandbox) ID → the kernel's report.
+    exits: BTreeMap<String, Open>,
     /// The first read that did not show them.
     since: Instant,
     /// The next poll.
@@ -98,7 +98,22 @@ struct Expect {
     attempt: u32,
     /// A full relist was asked for (once).
     escalated: bool,
+    /// The runtime's loss of these exits was counted (once).
+    lost: bool,
 }
+
+/// One exit the runtime has not shown yet.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    /// The kernel's exit time (CLOCK_MONOTONIC ns).
+    at: u64,
+    /// The status already shows it (the kernel's record was applied).
+    shown: bool,
+}
+
+/// After this long without the runtime showing a kernel-reported exit, the
+/// exit counts as lost by the runtime (`evlet_runtime_exit_lost_total`).
+const EXIT_LOST_AFTER: Duration = Duration::from_secs(10);
 
 /// Runs until `cancel`; a full relist runs first. With `quiet` (the `ebpf`
 /// mode), a worker's wait for a fresh status is answered by a kernel quiet
@@ -332,6 +347,23 @@ impl Dispatcher {
 
     async fn pod(&mut self, uid: PodUid, dirty: Dirty) -> Step {
         self.suspects.remove(&uid);
+        // The kernel's certain exits go into the status at once (invariant 1);
+        // the runtime is polled only to confirm them.
+        let certain: BTreeMap<String, ExitRecord> = dirty
+            .exits
+            .iter()
+            .filter_map(|(id, e)| Some((id.clone(), e.record?)))
+            .collect();
+        if !certain.is_empty() && self.relister.apply_kernel_exits(&uid, &certain) {
+            for e in dirty.exits.values().filter(|e| e.record.is_some()) {
+                self.observe_latency(e.at);
+            }
+            if certain.len() == dirty.exits.len() {
+                tracing::debug!(pod = %uid, exits = certain.len(), "kernel exits applied");
+                self.expect(uid, &dirty.exits, None);
+                return Step::Done;
+            }
+        }
         match self.relister.relist_pod(&uid).await {
             Ok(PodRelist { changed, status }) => {
                 tracing::debug!(pod = %uid, changed, exits = dirty.exits.len(), "pod relisted");
@@ -341,7 +373,7 @@ impl Dispatcher {
                 {
                     self.observe_latency(origin);
                 }
-                self.expect(uid, dirty.exits, &status);
+                self.expect(uid, &dirty.exits, Some(&status));
                 Step::Done
             }
             Err(err) => {
@@ -361,25 +393,37 @@ impl Dispatcher {
         self.metrics.pleg_hint_latency.observe(latency as f64 / 1e9);
     }
 
-    /// Merges `exits` into `uid`'s expectation and settles what `status` shows stopped.
-    fn expect(&mut self, uid: PodUid, exits: BTreeMap<String, u64>, status: &PodStatus) {
+    /// Merges `exits` into `uid`'s expectation and settles what the runtime
+    /// shows stopped in `status` (`None`: nothing was read).
+    fn expect(
+        &mut self,
+        uid: PodUid,
+        exits: &BTreeMap<String, KernelExit>,
+        status: Option<&PodStatus>,
+    ) {
         let now = Instant::now();
         let previous = self.expecting.remove(&uid);
         let mut open = previous
             .as_ref()
             .map(|e| e.exits.clone())
             .unwrap_or_default();
-        for (id, at) in exits {
-            let slot = open.entry(id).or_insert(at);
-            *slot = (*slot).min(at);
+        for (id, exit) in exits {
+            let shown = exit.record.is_some() && self.relister.has_kernel_exit(id);
+            let slot = open
+                .entry(id.clone())
+                .or_insert(Open { at: exit.at, shown });
+            slot.at = slot.at.min(exit.at);
+            slot.shown |= shown;
         }
-        open.retain(|id, origin| {
-            let stopped = status.shows_stopped(id);
-            if stopped {
-                self.observe_latency(*origin);
-            }
-            !stopped
-        });
+        if let Some(status) = status {
+            open.retain(|id, o| {
+                let stopped = self.relister.runtime_shows_stopped(status, id);
+                if stopped && !o.shown {
+                    self.observe_latency(o.at);
+                }
+                !stopped
+            });
+        }
         if open.is_empty() {
             if let Some(e) = previous {
                 self.metrics
@@ -393,6 +437,7 @@ impl Dispatcher {
                 due: now,
                 attempt: 0,
                 escalated: false,
+                lost: false,
             });
             e.exits = open;
             self.schedule(&uid, &mut e, now);
@@ -414,6 +459,12 @@ impl Dispatcher {
         };
         e.attempt += 1;
         e.due = now + step;
+        if waited >= EXIT_LOST_AFTER && !e.lost {
+            e.lost = true;
+            self.metrics.runtime_exit_lost.inc_by(e.exits.len() as u64);
+            let containers: Vec<&String> = e.exits.keys().collect();
+            tracing::warn!(pod = %uid, ?containers, ?waited, "the runtime has not processed exits the kernel saw (a lost exit?); the status shows the kernel's, the agent goes on");
+        }
         if waited >= self.timing.full_after && !e.escalated {
             e.escalated = true;
             let containers: Vec<&String> = e.exits.keys().collect();

@@ -6,7 +6,7 @@
 //! ([`Hints::exit`]): the dispatcher then keeps the pod "expecting" until the
 //! runtime shows that container stopped (see `pleg::hinted`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
@@ -14,14 +14,36 @@ use tokio::time::Instant;
 
 use crate::pod::PodUid;
 
+/// What the kernel knows for certain about a container's death: its init
+/// was PID 1 of its own PID namespace, so this is the container's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitRecord {
+    /// The exit code as runtimes report it (`128 + signal`, or the status).
+    pub exit_code: i32,
+    /// When it exited (wall clock, Unix ns: the kernel's time, converted once).
+    pub finished_unix_ns: i64,
+    /// The kernel's OOM killer killed the init (directly or by a group kill).
+    pub oom: bool,
+}
+
+/// A kernel report that a container's (or sandbox's) init exited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelExit {
+    /// CLOCK_MONOTONIC ns of the exit.
+    pub at: u64,
+    /// What the status may show at once; `None` when the init is only
+    /// presumed (no PID namespace of its own): then the runtime decides.
+    pub record: Option<ExitRecord>,
+}
+
 /// What the hints say about one pod since the dispatcher last took it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Dirty {
     /// The earliest hint's CLOCK_MONOTONIC origin (ns), if any hint carried one.
     pub origin: Option<u64>,
-    /// Containers (or sandboxes) whose init process the kernel saw exit, with
-    /// the earliest such exit's CLOCK_MONOTONIC time (ns).
-    pub exits: BTreeMap<String, u64>,
+    /// Containers (or sandboxes) whose init process the kernel saw exit (the
+    /// earliest report of each).
+    pub exits: BTreeMap<String, KernelExit>,
 }
 
 impl Dirty {
@@ -30,9 +52,11 @@ impl Dirty {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        for (id, at) in other.exits {
-            let slot = self.exits.entry(id).or_insert(at);
-            *slot = (*slot).min(at);
+        for (id, exit) in other.exits {
+            let slot = self.exits.entry(id).or_insert(exit);
+            if exit.at < slot.at {
+                *slot = exit;
+            }
         }
     }
 }
@@ -103,8 +127,9 @@ struct Full {
 struct Inner {
     /// Pods to relist and what their hints said.
     dirty: BTreeMap<PodUid, Dirty>,
-    /// Pods whose SyncPod is running: their relists wait (invariant 4).
-    suspended: BTreeSet<PodUid>,
+    /// Pods whose SyncPod (or GC of their containers) is running, with how
+    /// many are: their relists wait until the last one ends (invariant 4).
+    suspended: BTreeMap<PodUid, u32>,
     /// A full relist is needed, and why.
     full: Option<Full>,
     /// Pods whose workers wait for an entry newer than this (their last sync).
@@ -161,14 +186,14 @@ impl Hints {
     }
 
     /// The kernel saw the init process of `container` (a container or sandbox
-    /// ID of pod `uid`) exit at `origin_ns` (CLOCK_MONOTONIC): the pod is
-    /// relisted and kept "expecting" until the runtime shows it stopped.
-    pub fn exit(&self, uid: PodUid, container: String, origin_ns: u64) {
+    /// ID of pod `uid`) exit: the pod is kept "expecting" until the runtime
+    /// shows it stopped, and an exit with a record is in the status at once.
+    pub fn exit(&self, uid: PodUid, container: String, exit: KernelExit) {
         self.add(
             uid,
             Dirty {
-                origin: Some(origin_ns),
-                exits: [(container, origin_ns)].into(),
+                origin: Some(exit.at),
+                exits: [(container, exit)].into(),
             },
         );
     }
@@ -188,18 +213,18 @@ impl Hints {
     /// Does `uid` have a hint waiting or a SyncPod running (a relist is coming)?
     pub fn pending(&self, uid: &PodUid) -> bool {
         let inner = self.lock();
-        inner.dirty.contains_key(uid) || inner.suspended.contains(uid)
+        inner.dirty.contains_key(uid) || inner.suspended.contains_key(uid)
     }
 
     /// Is `uid` in a SyncPod (its relists are held)?
     pub fn suspended(&self, uid: &PodUid) -> bool {
-        self.lock().suspended.contains(uid)
+        self.lock().suspended.contains_key(uid)
     }
 
     /// Is `uid` free of pending work (no hint, no SyncPod, no full relist due)?
     pub fn settled(&self, uid: &PodUid) -> bool {
         let inner = self.lock();
-        inner.full.is_none() && !inner.dirty.contains_key(uid) && !inner.suspended.contains(uid)
+        inner.full.is_none() && !inner.dirty.contains_key(uid) && !inner.suspended.contains_key(uid)
     }
 
     /// Everything must be relisted (events were lost, a reader restarted, ...).
@@ -228,9 +253,10 @@ impl Hints {
         self.notify.notify_one();
     }
 
-    /// SyncPod started for `uid`: hold its relists.
+    /// SyncPod (or another of the agent's own runtime changes) started for
+    /// `uid`: hold its relists until every such change has ended.
     pub fn suspend(&self, uid: PodUid) {
-        self.lock().suspended.insert(uid);
+        *self.lock().suspended.entry(uid).or_default() += 1;
     }
 
     /// SyncPod ended for `uid`: one merged relist now if it changed anything or
@@ -238,7 +264,12 @@ impl Hints {
     pub fn resume(&self, uid: PodUid, changed: bool) {
         {
             let mut inner = self.lock();
-            inner.suspended.remove(&uid);
+            if let Some(n) = inner.suspended.get_mut(&uid) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    inner.suspended.remove(&uid);
+                }
+            }
             if changed {
                 inner.dirty.entry(uid).or_default();
             }
@@ -265,7 +296,7 @@ impl Hints {
         let ready = inner
             .dirty
             .keys()
-            .find(|uid| !inner.suspended.contains(*uid))
+            .find(|uid| !inner.suspended.contains_key(*uid))
             .cloned();
         match ready {
             Some(uid) => {
@@ -322,12 +353,19 @@ mod tests {
         assert_eq!(h.next(), Next::Idle);
     }
 
+    fn at(t: u64) -> KernelExit {
+        KernelExit {
+            at: t,
+            record: None,
+        }
+    }
+
     #[test]
-    fn exits_name_their_containers_and_keep_each_ones_earliest_time() {
+    fn exits_name_their_containers_and_keep_each_ones_earliest_report() {
         let h = Hints::default();
-        h.exit(PodUid::from("a"), "c1".into(), 30);
-        h.exit(PodUid::from("a"), "c1".into(), 20);
-        h.exit(PodUid::from("a"), "c2".into(), 40);
+        h.exit(PodUid::from("a"), "c1".into(), at(30));
+        h.exit(PodUid::from("a"), "c1".into(), at(20));
+        h.exit(PodUid::from("a"), "c2".into(), at(40));
         h.pod(PodUid::from("a"), Some(5));
         assert_eq!(
             h.next(),
@@ -335,7 +373,7 @@ mod tests {
                 PodUid::from("a"),
                 Dirty {
                     origin: Some(5),
-                    exits: [("c1".into(), 20), ("c2".into(), 40)].into()
+                    exits: [("c1".into(), at(20)), ("c2".into(), at(40))].into()
                 }
             )
         );
@@ -345,7 +383,7 @@ mod tests {
     fn an_exit_during_a_sync_survives_the_suspension() {
         let h = Hints::default();
         h.suspend(PodUid::from("a"));
-        h.exit(PodUid::from("a"), "init".into(), 5);
+        h.exit(PodUid::from("a"), "init".into(), at(5));
         h.pod(PodUid::from("b"), None);
         assert!(h.pending(&PodUid::from("a")));
         assert_eq!(h.next(), Next::Pod(PodUid::from("b"), plain(None)));
@@ -357,12 +395,24 @@ mod tests {
                 PodUid::from("a"),
                 Dirty {
                     origin: Some(5),
-                    exits: [("init".into(), 5)].into()
+                    exits: [("init".into(), at(5))].into()
                 }
             ),
             "the exit is still there, though the sync changed nothing"
         );
         assert_eq!(h.next(), Next::Idle);
+    }
+
+    #[test]
+    fn a_pod_stays_suspended_until_every_suspender_resumed() {
+        let h = Hints::default();
+        h.suspend(PodUid::from("a"));
+        h.suspend(PodUid::from("a"));
+        h.resume(PodUid::from("a"), true);
+        assert!(h.suspended(&PodUid::from("a")), "one change still runs");
+        assert_eq!(h.next(), Next::Idle);
+        h.resume(PodUid::from("a"), false);
+        assert_eq!(h.next(), Next::Pod(PodUid::from("a"), plain(None)));
     }
 
     #[test]

@@ -1,16 +1,17 @@
 //! [`Relister`]: full and per-pod relists, the single writer of the pod cache.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::hints::ExitRecord;
 use super::{EventType, Health, PodLifecycleEvent};
 use crate::cache::CacheWriter;
 use crate::metrics::{Metrics, StateLabel};
 use crate::pod::PodUid;
-use crate::runtime::{PodStatus, Runtime, RuntimePod, State};
+use crate::runtime::{KernelMark, PodStatus, Runtime, RuntimePod, State};
 
 /// Capacity of the PLEG → sync loop channel (upstream's `plegChannelCapacity`).
 pub const CHANNEL_CAPACITY: usize = 1000;
@@ -148,6 +149,34 @@ pub struct Relister {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     last_full: Option<Instant>,
+    /// Exits the kernel reported for certain, by container (or sandbox) ID:
+    /// overlaid on every runtime read until the container is gone (design
+    /// invariant 1: a container ID never runs again).
+    kernel: HashMap<String, KernelEnd>,
+}
+
+/// A kernel-reported end of a container, and whether the runtime agrees yet.
+#[derive(Debug, Clone, Copy)]
+struct KernelEnd {
+    record: ExitRecord,
+    /// The runtime shows it stopped (its fields were compared, once).
+    confirmed: bool,
+}
+
+/// How far apart the kernel's and the runtime's finish times may be before
+/// they count as a disagreement: the runtime notes the time when it
+/// processed the exit, a few ms to a few s after the kernel.
+const FINISH_TOLERANCE_NS: i64 = 2_000_000_000;
+
+/// The reason a runtime would give the exit.
+fn reason_of(record: &ExitRecord) -> &'static str {
+    if record.oom {
+        "OOMKilled"
+    } else if record.exit_code == 0 {
+        "Completed"
+    } else {
+        "Error"
+    }
 }
 
 impl Relister {
@@ -168,6 +197,156 @@ impl Relister {
             metrics,
             health,
             last_full: None,
+            kernel: HashMap::new(),
+        }
+    }
+
+    /// Puts the kernel's certain exits into `status`: containers the runtime
+    /// still shows running show exited with the kernel's code, time and
+    /// reason; where the runtime shows the exit too, the kernel's fields stand
+    /// and disagreements are counted (once per container). Sandboxes whose
+    /// pause died show not ready. Forgets exits of containers that are gone.
+    fn overlay(&mut self, uid: &PodUid, status: &mut PodStatus) {
+        if self.kernel.is_empty() {
+            return;
+        }
+        for c in &mut status.containers {
+            let Some(end) = self.kernel.get_mut(c.id.as_str()) else {
+                continue;
+            };
+            let record = end.record;
+            if c.state == State::Exited && !end.confirmed {
+                end.confirmed = true;
+                let mut disagree = Vec::new();
+                if c.exit_code != record.exit_code {
+                    disagree.push((
+                        "exit_code",
+                        c.exit_code.to_string(),
+                        record.exit_code.to_string(),
+                    ));
+                }
+                if (c.reason == "OOMKilled") != record.oom {
+                    disagree.push(("oom", c.reason.clone(), reason_of(&record).to_owned()));
+                }
+                if (c.finished_at - record.finished_unix_ns).abs() > FINISH_TOLERANCE_NS {
+                    disagree.push((
+                        "finished_at",
+                        c.finished_at.to_string(),
+                        record.finished_unix_ns.to_string(),
+                    ));
+                }
+                for (field, runtime, kernel) in disagree {
+                    self.metrics
+                        .pleg_runtime_disagreements
+                        .get_or_create(&crate::metrics::FieldLabel {
+                            field: field.into(),
+                        })
+                        .inc();
+                    tracing::warn!(pod = %uid, container = %c.id, field, %runtime, %kernel, "the runtime disagrees with the kernel about an exit; the kernel's value stands");
+                }
+            }
+            let confirmed = c.state == State::Exited;
+            c.state = State::Exited;
+            c.exit_code = record.exit_code;
+            c.finished_at = record.finished_unix_ns;
+            c.reason = reason_of(&record).to_owned();
+            if !confirmed {
+                c.message.clear();
+            }
+            c.kernel = Some(if confirmed {
+                KernelMark::Confirmed
+            } else {
+                KernelMark::Unconfirmed
+            });
+        }
+        for s in &mut status.sandboxes {
+            if let Some(end) = self.kernel.get_mut(s.id.as_str()) {
+                end.confirmed |= !s.ready;
+                s.ready = false;
+            }
+        }
+    }
+
+    /// The same for one pod's listing (state and readiness only).
+    fn overlay_listing(&self, pod: &mut RuntimePod) {
+        if self.kernel.is_empty() {
+            return;
+        }
+        for (id, state) in &mut pod.containers {
+            if self.kernel.contains_key(id) {
+                *state = State::Exited;
+            }
+        }
+        for (id, ready) in &mut pod.sandboxes {
+            if self.kernel.contains_key(id) {
+                *ready = false;
+            }
+        }
+    }
+
+    /// Forgets kernel exits of containers and sandboxes that no listing has.
+    fn prune_kernel(&mut self, pods: &BTreeMap<PodUid, RuntimePod>) {
+        if self.kernel.is_empty() {
+            return;
+        }
+        let present: HashSet<&String> = pods
+            .values()
+            .flat_map(|p| p.containers.keys().chain(p.sandboxes.keys()))
+            .collect();
+        self.kernel.retain(|id, _| present.contains(id));
+    }
+
+    /// Records exits the kernel reported for certain and puts them into the
+    /// cache at once, without a runtime read, with their PLEG events. Returns
+    /// false if the cached entry lacks one of the containers (it was created
+    /// after the last read): the caller reads the pod, and the read overlays them.
+    pub fn apply_kernel_exits(
+        &mut self,
+        uid: &PodUid,
+        exits: &BTreeMap<String, ExitRecord>,
+    ) -> bool {
+        for (id, record) in exits {
+            self.kernel.entry(id.clone()).or_insert(KernelEnd {
+                record: *record,
+                confirmed: false,
+            });
+        }
+        let Some(Ok(cached)) = self.cache.reader().get(uid).map(|e| e.status) else {
+            return false;
+        };
+        let mut status = (*cached).clone();
+        let known = exits.keys().all(|id| {
+            status.containers.iter().any(|c| c.id.as_str() == id)
+                || status.sandboxes.iter().any(|s| s.id.as_str() == id)
+        });
+        if !known {
+            return false;
+        }
+        let at = Instant::now();
+        self.overlay(uid, &mut status);
+        let record = record_from_status(&status);
+        let events = diff(uid, self.records.get(uid), Some(&record));
+        if let Some(old) = self.records.get_mut(uid) {
+            old.sandboxes = record.sandboxes;
+            old.containers = record.containers;
+        }
+        self.cache.set(uid, Ok(status), at);
+        self.send(events);
+        true
+    }
+
+    /// Has the kernel reported `id`'s end for certain (and is it still known)?
+    pub fn has_kernel_exit(&self, id: &str) -> bool {
+        self.kernel.contains_key(id)
+    }
+
+    /// Does the runtime (not the kernel) show container or sandbox `id` of
+    /// `status` stopped? For a kernel-reported exit, whether the runtime has
+    /// confirmed it.
+    pub fn runtime_shows_stopped(&self, status: &PodStatus, id: &str) -> bool {
+        match self.kernel.get(id) {
+            Some(end) => end.confirmed,
+            None => status.shows_stopped(id),
         }
     }
 
@@ -189,8 +368,9 @@ impl Relister {
         at: Instant,
     ) -> Result<PodStatus, evlet_cri::Error> {
         match self.runtime.pod_status(uid).await {
-            Ok(status) => {
+            Ok(mut status) => {
                 self.reinspect.remove(uid);
+                self.overlay(uid, &mut status);
                 self.cache.set(uid, Ok(status.clone()), at);
                 Ok(status)
             }
@@ -241,7 +421,11 @@ impl Relister {
         listing: Listing,
         announced: Option<&(dyn Fn(&PodUid) -> bool + Sync)>,
     ) -> Report {
-        let Listing { start, pods } = listing;
+        let Listing { start, mut pods } = listing;
+        self.prune_kernel(&pods);
+        for pod in pods.values_mut() {
+            self.overlay_listing(pod);
+        }
         self.update_gauges(&pods);
         let mut report = Report::default();
         let uids: BTreeSet<PodUid> = self.records.keys().chain(pods.keys()).cloned().collect();
@@ -299,6 +483,27 @@ impl Relister {
     pub async fn relist_pod(&mut self, uid: &PodUid) -> Result<PodRelist, evlet_cri::Error> {
         let start = Instant::now();
         let status = self.update_cache(uid, start).await?;
+        if !self.kernel.is_empty() {
+            let present: HashSet<&str> = status
+                .containers
+                .iter()
+                .map(|c| c.id.as_str())
+                .chain(status.sandboxes.iter().map(|s| s.id.as_str()))
+                .collect();
+            let known: Vec<&String> = self
+                .records
+                .get(uid)
+                .map(|r| r.containers.keys().chain(r.sandboxes.keys()).collect())
+                .unwrap_or_default();
+            let gone: Vec<String> = known
+                .into_iter()
+                .filter(|id| !present.contains(id.as_str()))
+                .cloned()
+                .collect();
+            for id in gone {
+                self.kernel.remove(&id);
+            }
+        }
         let record = record_from_status(&status);
         let old = self.records.get(uid);
         let events = diff(

@@ -252,6 +252,7 @@ mod tests {
                 image_ref: String::new(),
                 hash: container_hash(c),
                 restart_count: 0,
+                kernel: None,
             },
         );
     }

@@ -6,6 +6,11 @@
 //!   thread exits the process with `code` 300 ms later.
 //! * `hog <MiB>`: touch `MiB` of memory, then sleep (an OOM victim under a limit).
 //! * `burst <n>`: fork `n` children that `_exit(0)` at once, one after another.
+//! * `pidns-init <code>`: a child in a new PID namespace (its PID 1) execs
+//!   `exit <code>`; the helper exits with the child's status.
+//! * `leader-status <code>`: the main thread ends with status `code` (raw
+//!   `exit`, no group exit); the other thread ends with status 0 300 ms later.
+//!   The process's wait status is the leader's.
 
 use std::io::Read as _;
 use std::time::Duration;
@@ -66,8 +71,46 @@ fn main() {
                 }
             }
         }
+        Some("pidns-init") => {
+            let code = arg(2).to_string();
+            // SAFETY: plain syscalls; the child only execs or _exits.
+            unsafe {
+                if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                    std::process::exit(3);
+                }
+                match libc::fork() {
+                    0 => {
+                        use std::os::unix::process::CommandExt as _;
+                        let err = std::process::Command::new("/proc/self/exe")
+                            .args(["exit", &code])
+                            .exec();
+                        eprintln!("exec: {err}");
+                        libc::_exit(4);
+                    }
+                    pid if pid > 0 => {
+                        let mut status = 0;
+                        libc::waitpid(pid, &mut status, 0);
+                        std::process::exit(libc::WEXITSTATUS(status));
+                    }
+                    _ => std::process::exit(2),
+                }
+            }
+        }
+        Some("leader-status") => {
+            let code = arg(2);
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                // SAFETY: ends only this thread; nothing runs on it afterwards.
+                unsafe { libc::syscall(libc::SYS_exit, 0) };
+            });
+            // SAFETY: ends only the main thread, without unwinding.
+            unsafe { libc::syscall(libc::SYS_exit, code) };
+            unreachable!("SYS_exit returned");
+        }
         _ => {
-            eprintln!("usage: evlet-probe-helper exit|thread-exit|leader-first|hog|burst [n]");
+            eprintln!(
+                "usage: evlet-probe-helper exit|thread-exit|leader-first|leader-status|pidns-init|hog|burst [n]"
+            );
             std::process::exit(2);
         }
     }

@@ -1,0 +1,165 @@
+//! The runtime's floor: what starting pods costs when only CRI calls are made.
+//!
+//! [`start`] starts N pods straight over CRI with the parallelism evlet's pod
+//! workers have (one task per pod, all at once): `RunPodSandbox`, then
+//! `CreateContainer` and `StartContainer`, with the very configs evlet builds
+//! (its own `sync::spec` builders on its own parsed manifests), so the
+//! runtime does exactly the same work. [`create_start`] then times one more
+//! container's create + start in an existing sandbox at that density: the
+//! floor of "kill → replacement running".
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use evlet::runtime::Kind;
+use evlet::source::manifest::{self, StaticKind};
+use evlet::sync::env::ApiObjects;
+use evlet::sync::spec::{self, ContainerContext, NodeContext};
+use evlet_cri::{RuntimeClient, SandboxFilter, SandboxId};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::{NODE, Summary};
+
+/// The floor pods' names start with this (evlet's bench pods with `b`).
+pub const PREFIX: &str = "floor";
+
+/// What the floor run measured.
+#[derive(Debug, Clone)]
+pub struct Floor {
+    /// N pods started at once: first call → last container started.
+    pub start_total: Duration,
+    /// One container's create + start in an existing sandbox, at density N.
+    pub create_start: Option<Summary>,
+}
+
+fn pods(n: usize, image: &str) -> Result<Vec<Pod>> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {PREFIX}{i}}}\nspec:\n  restartPolicy: Always\n  containers:\n  - name: app\n    image: {image}\n    command: [/bin/sleep, '86400']\n"
+        );
+        let parsed = manifest::parse(&yaml, "floor", StaticKind::File, NODE);
+        if let Some(e) = parsed.errors.first() {
+            bail!("floor manifest: {e}");
+        }
+        out.extend(parsed.pods);
+    }
+    Ok(out)
+}
+
+/// Starts one pod: sandbox, then its container; returns the sandbox.
+async fn start_pod(
+    client: &RuntimeClient,
+    node: &NodeContext,
+    pod: &Pod,
+    restart_count: u32,
+) -> Result<SandboxId> {
+    let sandbox_config = spec::sandbox_config(node, pod, 0);
+    std::fs::create_dir_all(spec::log_dir(node, pod))?;
+    let sandbox = client.run_pod_sandbox(sandbox_config.clone(), "").await?;
+    create_start_one(client, node, pod, &sandbox, restart_count).await?;
+    Ok(sandbox)
+}
+
+async fn create_start_one(
+    client: &RuntimeClient,
+    node: &NodeContext,
+    pod: &Pod,
+    sandbox: &SandboxId,
+    restart_count: u32,
+) -> Result<()> {
+    let sandbox_config = spec::sandbox_config(node, pod, 0);
+    let c = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .context("a container")?;
+    let objects = ApiObjects::default();
+    let config = spec::container_config(
+        node,
+        pod,
+        c,
+        &ContainerContext {
+            kind: Kind::App,
+            restart_count,
+            pod_ip: None,
+            objects: &objects,
+        },
+    )?;
+    let id = client
+        .create_container(sandbox, config, sandbox_config)
+        .await?;
+    client.start_container(&id).await?;
+    Ok(())
+}
+
+/// Starts `n` pods over CRI at once and times it; then `samples` single
+/// container starts at that density. Cleans up after itself.
+///
+/// # Errors
+/// A CRI failure (the floor pods are removed either way by [`cleanup`]).
+pub async fn measure(
+    client: &RuntimeClient,
+    root: &Path,
+    cgroup_root: &str,
+    image: &str,
+    n: usize,
+    samples: usize,
+) -> Result<Floor> {
+    let node = Arc::new(NodeContext {
+        node_name: NODE.into(),
+        root_dir: root.to_path_buf(),
+        pods_cgroup: format!("{}/kubepods", cgroup_root.trim_end_matches('/')),
+        host_ip: None,
+        memory_capacity: 1 << 30,
+    });
+    let pods = pods(n, image)?;
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for pod in pods.iter().cloned() {
+        let (client, node) = (client.clone(), Arc::clone(&node));
+        set.spawn(async move { start_pod(&client, &node, &pod, 0).await.map(|s| (pod, s)) });
+    }
+    let mut started_pods = Vec::new();
+    while let Some(r) = set.join_next().await {
+        started_pods.push(r??);
+    }
+    let start_total = started.elapsed();
+    let mut lat = Vec::new();
+    for (k, (pod, sandbox)) in started_pods.iter().take(samples).enumerate() {
+        let t = Instant::now();
+        create_start_one(
+            client,
+            &node,
+            pod,
+            sandbox,
+            1 + u32::try_from(k).unwrap_or(0),
+        )
+        .await?;
+        lat.push(t.elapsed());
+    }
+    Ok(Floor {
+        start_total,
+        create_start: Summary::of(&lat),
+    })
+}
+
+/// Stops and removes the floor pods.
+///
+/// # Errors
+/// A CRI failure.
+pub async fn cleanup(client: &RuntimeClient) -> Result<()> {
+    let sandboxes = client.list_pod_sandbox(SandboxFilter::new()).await?;
+    for s in sandboxes.into_iter().filter(|s| {
+        s.labels
+            .get("io.kubernetes.pod.name")
+            .is_some_and(|n| n.starts_with(PREFIX) && n.ends_with(&format!("-{NODE}")))
+    }) {
+        let id = SandboxId::new(s.id);
+        client.stop_pod_sandbox(&id).await?;
+        client.remove_pod_sandbox(&id).await?;
+    }
+    Ok(())
+}
