@@ -172,6 +172,8 @@ fn is_ns_init(task: u64) -> bool {
 
 /// The wait status `wait4` gives the group's parent (`wait_task_zombie`):
 /// after a group exit or a fatal signal the group's code, else the leader's.
+/// (Since 5.19 `synchronize_group_exit` sets the group's code from the last
+/// thread when threads end one by one; reading the flag covers both.)
 #[inline(always)]
 fn group_wait_status(task: u64, signal: u64) -> u32 {
     let flags: u32 = read_kernel(signal, SIGNAL_FLAGS_OFF.load()).unwrap_or(0);

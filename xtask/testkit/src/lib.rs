@@ -150,7 +150,13 @@ impl NodeEnv {
             })
             .next()
             .unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-        let alive = || std::path::Path::new(&format!("/proc/{pid}")).exists();
+        // A zombie (the daemon was this test's child, never reaped) is gone.
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+                .unwrap_or(false)
+        };
         let wait_gone = |limit: Duration| {
             let until = std::time::Instant::now() + limit;
             while alive() && std::time::Instant::now() < until {

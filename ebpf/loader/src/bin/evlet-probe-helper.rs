@@ -10,7 +10,8 @@
 //!   `exit <code>`; the helper exits with the child's status.
 //! * `leader-status <code>`: the main thread ends with status `code` (raw
 //!   `exit`, no group exit); the other thread ends with status 0 300 ms later.
-//!   The process's wait status is the leader's.
+//!   The process's wait status is the leader's before Linux 5.19, the last
+//!   thread's since.
 
 use std::io::Read as _;
 use std::time::Duration;
