@@ -289,12 +289,7 @@ impl SyncLoop {
 
     fn container_gc(&mut self) {
         for status in self.cache.known() {
-            let mut names = BTreeSet::new();
-            let extra = status
-                .containers
-                .iter()
-                .any(|c| !names.insert(c.name.as_str()));
-            if extra {
+            if !crate::sync::terminate::evictable(&status).is_empty() {
                 let syncer = Arc::clone(&self.syncer);
                 let hints = self.hints.clone();
                 tokio::spawn(async move {

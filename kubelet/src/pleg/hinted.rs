@@ -173,6 +173,7 @@ enum Step {
 enum Work {
     Full {
         reason: Reason,
+        also: Vec<Reason>,
         detail: String,
         counting: bool,
     },
@@ -207,6 +208,7 @@ impl Dispatcher {
         let work = if now >= self.next_full {
             Work::Full {
                 reason: Reason::Periodic,
+                also: Vec::new(),
                 detail: String::new(),
                 counting: true,
             }
@@ -216,10 +218,12 @@ impl Dispatcher {
             match self.hints.next() {
                 Next::Full {
                     reason,
+                    also,
                     detail,
                     counting,
                 } => Work::Full {
                     reason,
+                    also,
                     detail,
                     counting,
                 },
@@ -229,9 +233,10 @@ impl Dispatcher {
         match work {
             Work::Full {
                 reason,
+                also,
                 detail,
                 counting,
-            } => self.full(reason, detail, counting).await,
+            } => self.full(reason, also, detail, counting).await,
             Work::Poll(uid) => self.poll(uid).await,
             Work::Hinted(Next::Pod(uid, dirty)) => self.pod(uid, dirty).await,
             Work::Hinted(Next::Fresh(wanted)) => {
@@ -261,12 +266,18 @@ impl Dispatcher {
             .fold(self.next_full, Instant::min)
     }
 
-    async fn full(&mut self, reason: Reason, detail: String, counting: bool) -> Step {
+    async fn full(
+        &mut self,
+        reason: Reason,
+        also: Vec<Reason>,
+        detail: String,
+        counting: bool,
+    ) -> Step {
         let listing = match self.relister.list().await {
             Ok(listing) => listing,
             Err(err) => {
                 tracing::warn!(reason = reason.label(), %detail, %err, "full relist failed; retrying");
-                self.hints.retry_full(reason, detail, counting);
+                self.hints.retry_full(reason, also, detail, counting);
                 return Step::Failed;
             }
         };
@@ -292,12 +303,14 @@ impl Dispatcher {
             .await;
         let now = Instant::now();
         self.next_full = now + self.timing.safety;
-        self.metrics
-            .pleg_full_relists
-            .get_or_create(&crate::metrics::ReasonLabel {
-                reason: reason.label().into(),
-            })
-            .inc();
+        for r in std::iter::once(reason).chain(also) {
+            self.metrics
+                .pleg_full_relists
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: r.label().into(),
+                })
+                .inc();
+        }
         if !matches!(reason, Reason::Periodic | Reason::Verification) {
             tracing::info!(reason = reason.label(), %detail, changed = report.changed.len(), "full relist");
         }

@@ -117,6 +117,8 @@ impl Reason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Full {
     reason: Reason,
+    /// Further reasons asked for while it was pending (each is counted).
+    also: Vec<Reason>,
     /// Details for the log.
     detail: String,
     /// Count the changes it finds that no hint announced (missed events).
@@ -148,8 +150,10 @@ pub struct Hints {
 pub enum Next {
     /// A full relist, for this reason; `counting`: count missed events.
     Full {
-        /// Why.
+        /// Why (the first request).
         reason: Reason,
+        /// Further reasons that asked for it while it was pending.
+        also: Vec<Reason>,
         /// Details for the log.
         detail: String,
         /// Whether changes no hint announced are counted as missed events.
@@ -230,11 +234,24 @@ impl Hints {
     /// Everything must be relisted (events were lost, a reader restarted, ...).
     /// Requests coalesce: the first reason is kept.
     pub fn full(&self, reason: Reason, detail: impl Into<String>) {
-        self.lock().full.get_or_insert_with(|| Full {
-            reason,
-            detail: detail.into(),
-            counting: false,
-        });
+        {
+            let mut inner = self.lock();
+            match &mut inner.full {
+                Some(full) => {
+                    if full.reason != reason && !full.also.contains(&reason) {
+                        full.also.push(reason);
+                    }
+                }
+                None => {
+                    inner.full = Some(Full {
+                        reason,
+                        also: Vec::new(),
+                        detail: detail.into(),
+                        counting: false,
+                    });
+                }
+            }
+        }
         self.notify.notify_one();
     }
 
@@ -246,6 +263,7 @@ impl Hints {
             .full
             .get_or_insert_with(|| Full {
                 reason: Reason::Verification,
+                also: Vec::new(),
                 detail: String::new(),
                 counting: true,
             })
@@ -283,12 +301,14 @@ impl Hints {
         let mut inner = self.lock();
         if let Some(Full {
             reason,
+            also,
             detail,
             counting,
         }) = inner.full.take()
         {
             return Next::Full {
                 reason,
+                also,
                 detail,
                 counting,
             };
@@ -316,13 +336,19 @@ impl Hints {
     }
 
     /// Puts a full relist back after it failed (keeps it counting if it was).
-    pub fn retry_full(&self, reason: Reason, detail: String, counting: bool) {
+    pub fn retry_full(&self, reason: Reason, also: Vec<Reason>, detail: String, counting: bool) {
         let mut inner = self.lock();
         let full = inner.full.get_or_insert(Full {
             reason,
+            also: Vec::new(),
             detail,
             counting: false,
         });
+        for r in also.into_iter().chain([reason]) {
+            if full.reason != r && !full.also.contains(&r) {
+                full.also.push(r);
+            }
+        }
         full.counting |= counting;
     }
 
@@ -420,21 +446,25 @@ mod tests {
         let h = Hints::default();
         h.pod(PodUid::from("a"), None);
         h.full(Reason::LostEvents, "3 lost");
+        h.full(Reason::RuntimeRestarted, "pid 1 -> 2");
         h.verify();
         assert_eq!(
             h.next(),
             Next::Full {
                 reason: Reason::LostEvents,
+                also: vec![Reason::RuntimeRestarted],
                 detail: "3 lost".into(),
                 counting: true
-            }
+            },
+            "one relist, every reason counted"
         );
         assert_eq!(h.next(), Next::Pod(PodUid::from("a"), plain(None)));
-        h.retry_full(Reason::RuntimeUnavailable, "down".into(), true);
+        h.retry_full(Reason::RuntimeUnavailable, vec![], "down".into(), true);
         assert_eq!(
             h.next(),
             Next::Full {
                 reason: Reason::RuntimeUnavailable,
+                also: vec![],
                 detail: "down".into(),
                 counting: true
             }
