@@ -62,6 +62,9 @@ pub mod flag {
     /// EXIT, EXEC: the process is PID 1 of a PID namespace other than the
     /// initial one: a container's (or a pod sandbox's) init, certainly.
     pub const NS_INIT: u32 = 1 << 4;
+    /// EXIT, EXEC: the process lives in a PID namespace other than the
+    /// initial one (a container's process; runc's set-up stages do not).
+    pub const PID_NS: u32 = 1 << 5;
 }
 
 /// Bits of the `CONFIG_FLAGS` global set at load time.

@@ -26,6 +26,8 @@ pub struct Exit {
     pub wait_status: u32,
     /// The process was PID 1 of its own PID namespace (a container's init).
     pub ns_init: bool,
+    /// The process lived in a PID namespace other than the initial one.
+    pub pid_ns: bool,
     /// Command name.
     pub comm: String,
 }
@@ -111,6 +113,8 @@ pub enum Event {
         old_pid: u32,
         /// The process is PID 1 of its own PID namespace (a container's init).
         ns_init: bool,
+        /// The process lives in a PID namespace other than the initial one.
+        pid_ns: bool,
         /// Command name after exec.
         comm: String,
     },
@@ -181,18 +185,21 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                     origin,
                     wait_status: p.aux,
                     ns_init: p.header.flags & flag::NS_INIT != 0,
+                    pid_ns: p.header.flags & flag::PID_NS != 0,
                     comm: text(&p.comm),
                 }),
                 kind::THREAD_EXIT => Event::ThreadExit(Exit {
                     origin,
                     wait_status: p.aux,
                     ns_init: false,
+                    pid_ns: false,
                     comm: text(&p.comm),
                 }),
                 kind::EXEC => Event::Exec {
                     origin,
                     old_pid: p.aux,
                     ns_init: p.header.flags & flag::NS_INIT != 0,
+                    pid_ns: p.header.flags & flag::PID_NS != 0,
                     comm: text(&p.comm),
                 },
                 _ => Event::Fork {

@@ -333,9 +333,13 @@ async fn a_namespace_init_is_flagged_in_its_exec_and_exit() {
         _ => None,
     });
     assert_eq!(
-        helper.map(|x| x.ns_init),
-        Some(false),
-        "the helper is no init"
+        helper.map(|x| (x.ns_init, x.pid_ns)),
+        Some((false, false)),
+        "the helper lives in the initial PID namespace"
+    );
+    assert!(
+        init_exits[0].pid_ns,
+        "the child lives in its own PID namespace"
     );
 }
 

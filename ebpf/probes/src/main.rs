@@ -155,19 +155,24 @@ fn read_kernel<T>(base: u64, off: u32) -> Option<T> {
     unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
 }
 
-/// Is `task`'s thread group PID 1 of its own PID namespace (not the initial
-/// one)? Reads `group_leader->thread_pid->numbers[level].nr`: the leader's
-/// `struct pid` stays attached until the whole group is released.
+/// The PID-namespace flags of `task`'s thread group: `PID_NS` if it lives in
+/// a PID namespace other than the initial one, and `NS_INIT` too if it is that
+/// namespace's PID 1. Reads `group_leader->thread_pid->numbers[level].nr`: the
+/// leader's `struct pid` stays attached until the whole group is released.
 #[inline(always)]
-fn is_ns_init(task: u64) -> bool {
+fn pid_ns_flags(task: u64) -> u32 {
     let leader: u64 = read_kernel(task, TASK_GROUP_LEADER_OFF.load()).unwrap_or(0);
     let pid: u64 = read_kernel(leader, TASK_THREAD_PID_OFF.load()).unwrap_or(0);
     let level: u32 = read_kernel(pid, PID_LEVEL_OFF.load()).unwrap_or(0);
     if level == 0 || level > MAX_PID_NS_LEVEL {
-        return false;
+        return 0;
     }
     let off = PID_NUMBERS_OFF.load() + level * UPID_SIZE.load() + UPID_NR_OFF.load();
-    read_kernel::<i32>(pid, off).unwrap_or(0) == 1
+    if read_kernel::<i32>(pid, off).unwrap_or(0) == 1 {
+        flag::PID_NS | flag::NS_INIT
+    } else {
+        flag::PID_NS
+    }
 }
 
 /// The wait status `wait4` gives the group's parent (`wait_task_zombie`):
@@ -237,8 +242,11 @@ fn on_exit() {
         return;
     }
     let (kind, status, flags) = if group_dead {
-        let init = if is_ns_init(task) { flag::NS_INIT } else { 0 };
-        (kind::EXIT, group_wait_status(task, signal), init)
+        (
+            kind::EXIT,
+            group_wait_status(task, signal),
+            pid_ns_flags(task),
+        )
     } else {
         let code: u32 = read_kernel(task, TASK_EXIT_CODE_OFF.load()).unwrap_or(0);
         (kind::THREAD_EXIT, code, 0)
@@ -260,7 +268,7 @@ fn on_exec(old_pid: u32) {
         } else {
             0
         }
-        | if is_ns_init(task) { flag::NS_INIT } else { 0 };
+        | pid_ns_flags(task);
     send_proc(kind::EXEC, flags, cgroup_id, old_pid, 0);
 }
 

@@ -96,12 +96,15 @@ impl CgroupMap {
 
     /// Notes an exec in a container cgroup: the first PID-namespace init to
     /// exec is the container's init for certain; until one does, the first
-    /// process to exec is presumed to be (containers sharing the pod's PID
-    /// namespace have no init of their own).
-    pub fn exec(&mut self, id: u64, tgid: u32, ns_init: bool) {
+    /// process inside a (non-initial) PID namespace to exec is presumed to be
+    /// (containers sharing the pod's PID namespace have no init of their own).
+    /// Processes of the initial PID namespace (runc's set-up stages, hostPID
+    /// containers) are never taken for an init.
+    pub fn exec(&mut self, id: u64, tgid: u32, pid_ns: bool, ns_init: bool) {
         if let Some(o) = self.by_id.get_mut(&id)
             && o.container.is_some()
             && !o.init_exact
+            && pid_ns
             && (o.init.is_none() || ns_init)
         {
             o.init = Some(tgid);
@@ -182,10 +185,16 @@ mod tests {
             Some(ExitHint::BeforeInit(PodUid::from("u"))),
             "init unknown (runc's set-up stages): a plain hint, not the container's death"
         );
-        map.exec(7, 90, false);
-        map.exec(7, 100, true);
-        map.exec(7, 200, false);
-        map.exec(7, 300, true);
+        map.exec(7, 80, false, false);
+        assert_eq!(
+            map.exit_hint(7, 80, false),
+            Some(ExitHint::BeforeInit(PodUid::from("u"))),
+            "runc's set-up stages (initial PID namespace) are never the init"
+        );
+        map.exec(7, 90, true, false);
+        map.exec(7, 100, true, true);
+        map.exec(7, 200, true, false);
+        map.exec(7, 300, true, true);
         assert_eq!(
             map.exit_hint(7, 90, false),
             None,
@@ -210,7 +219,7 @@ mod tests {
             })
         );
         map.insert(9, "/kubepods/podu/shared");
-        map.exec(9, 400, false);
+        map.exec(9, 400, true, false);
         assert_eq!(
             map.exit_hint(9, 400, false),
             Some(ExitHint::Init {

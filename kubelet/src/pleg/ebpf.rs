@@ -202,7 +202,7 @@ impl EbpfSource {
                 if map.insert(id, &rel).is_some()
                     && let Some(init) = namespace_init(&dir)
                 {
-                    map.exec(id, init, true);
+                    map.exec(id, init, true, true);
                 }
             }
         }
@@ -415,7 +415,7 @@ fn lookup(ctx: &Ctx, id: u64) -> bool {
     let mut map = lock(&ctx.map);
     map.insert(id, &rel).is_some() && {
         if let Some(init) = namespace_init(&dir) {
-            map.exec(id, init, true);
+            map.exec(id, init, true, true);
         }
         true
     }
@@ -448,13 +448,16 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
             }
         }
         Event::Exec {
-            origin, ns_init, ..
+            origin,
+            ns_init,
+            pid_ns,
+            ..
         } => {
             let known = lock(&ctx.map).get(origin.cgroup_id).is_some();
             if !known {
                 lookup(ctx, origin.cgroup_id);
             }
-            lock(&ctx.map).exec(origin.cgroup_id, origin.tgid, ns_init);
+            lock(&ctx.map).exec(origin.cgroup_id, origin.tgid, pid_ns, ns_init);
         }
         Event::Exit(e) => {
             let id = e.origin.cgroup_id;
