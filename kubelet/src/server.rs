@@ -99,7 +99,7 @@ async fn pods(State(s): State<Arc<Served>>) -> Response {
         .views()
         .into_iter()
         .map(|v| {
-            let mut pod = v.pod;
+            let mut pod = Arc::unwrap_or_clone(v.pod);
             pod.status = Some(v.status);
             pod
         })
@@ -119,7 +119,7 @@ async fn pod(
     });
     match found {
         Some(v) => {
-            let mut pod = v.pod;
+            let mut pod = Arc::unwrap_or_clone(v.pod);
             pod.status = Some(v.status);
             axum::Json(pod).into_response()
         }

@@ -27,6 +27,7 @@ use crate::pod::{self, PodUid};
 use crate::runtime::PodStatus;
 use crate::status;
 use crate::status::Waiting;
+use crate::sync::actions::SpecHashes;
 use crate::sync::{SyncOutcome, Syncer};
 
 /// Upstream's default `syncFrequency`: a pod with nothing to do is synced this
@@ -98,8 +99,8 @@ struct Handle {
 /// The computed status of a pod as workers last saw it.
 #[derive(Debug, Clone)]
 pub struct PodView {
-    /// The pod spec the worker works on.
-    pub pod: Pod,
+    /// The pod spec the worker works on (shared with the worker: no copy per publish).
+    pub pod: Arc<Pod>,
     /// The computed status.
     pub status: V1PodStatus,
     /// The worker's phase.
@@ -209,7 +210,7 @@ impl PodWorkers {
         lock(&self.shared.views).insert(
             pod::uid(&pod),
             PodView {
-                pod,
+                pod: Arc::new(pod),
                 status,
                 phase: Phase::Terminated,
             },
@@ -264,7 +265,29 @@ impl Worker {
         }
     }
 
-    fn publish(&self, pod: &Pod, runtime: &PodStatus, extra: &status::Extra<'_>, phase: Phase) {
+    /// Computes and publishes the status, unless its inputs are the ones of
+    /// the last publish (a periodic sync of a quiet pod: the same pod, the same
+    /// cached runtime status, the same waiting reasons): then nothing changed.
+    fn publish(
+        &self,
+        memo: &mut Option<Published>,
+        pod: &Arc<Pod>,
+        runtime: &Arc<PodStatus>,
+        extra: &status::Extra<'_>,
+        phase: Phase,
+    ) {
+        let inputs = Published {
+            pod: Arc::clone(pod),
+            runtime: Arc::clone(runtime),
+            waiting: extra.waiting.cloned(),
+            start_time: extra.start_time.clone(),
+            host_ip: extra.host_ip.map(str::to_owned),
+            failed: extra.failed,
+            phase,
+        };
+        if memo.as_ref().is_some_and(|m| m.same(&inputs)) {
+            return;
+        }
         let computed = status::compute(pod, runtime, extra);
         if let Some(sink) = &self.shared.status_sink {
             sink.set(pod, &computed);
@@ -272,17 +295,18 @@ impl Worker {
         lock(&self.shared.views).insert(
             self.uid.clone(),
             PodView {
-                pod: pod.clone(),
+                pod: Arc::clone(pod),
                 status: computed,
                 phase,
             },
         );
+        *memo = Some(inputs);
     }
 
     /// Waits for a cache entry newer than `since`, unless shutting down. In the
     /// hinted PLEG modes nothing relists a quiet pod by itself, so the worker asks
     /// (the dispatcher relists it or proves it quiet).
-    async fn fresh(&self, since: Instant) -> Option<PodStatus> {
+    async fn fresh(&self, since: Instant) -> Option<Arc<PodStatus>> {
         if let Some(h) = &self.shared.hints
             && self.shared.cache.fresh(&self.uid, since).is_none()
         {
@@ -291,17 +315,20 @@ impl Worker {
         tokio::select! {
             () = self.shared.shutdown.cancelled() => None,
             entry = self.shared.cache.newer_than(&self.uid, since) => Some(match entry.status {
-                Ok(s) => (*s).clone(),
+                Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(pod = %self.uid, error = %e, "pod cache has an error; syncing with an empty status");
-                    PodStatus::empty(self.uid.clone())
+                    Arc::new(PodStatus::empty(self.uid.clone()))
                 }
             }),
         }
     }
 
     async fn run(self) {
-        let mut pod: Option<Pod> = None;
+        let mut pod: Option<Arc<Pod>> = None;
+        // The spec hashes of `pod`'s containers, computed once per spec.
+        let mut hashes = Arc::new(SpecHashes::default());
+        let mut published: Option<Published> = None;
         let mut last_sync: Option<Instant> = None;
         let mut next_resync: Option<Instant> = None;
         let mut waiting: BTreeMap<String, Waiting> = BTreeMap::new();
@@ -319,7 +346,10 @@ impl Worker {
                         *phase = Phase::Terminating(grace);
                     }
                 }
-                pod = Some(p.pod);
+                if pod.as_deref() != Some(&p.pod) {
+                    hashes = Arc::new(SpecHashes::of(&p.pod));
+                    pod = Some(Arc::new(p.pod));
+                }
             } else if !run_now {
                 // Wait for an update or the resync timer.
                 let sleep = async {
@@ -354,7 +384,7 @@ impl Worker {
                     // Like upstream's SyncPod: what the runtime says goes out before
                     // any action, so an exit is visible while the sync reacts to it.
                     let extra = sync_extra(&waiting, &start_time, host_ip.as_deref(), failed);
-                    self.publish(&current, &runtime, &extra, Phase::Sync);
+                    self.publish(&mut published, &current, &runtime, &extra, Phase::Sync);
                     let token = {
                         let mut t = lock(&self.cancel_sync);
                         *t = CancellationToken::new();
@@ -364,8 +394,12 @@ impl Worker {
                     self.sync_started();
                     // Boxed, like the two below: a sync's future is tens of KiB,
                     // and inline it would make every idle worker that large.
-                    let result =
-                        Box::pin(self.shared.syncer.sync_pod(&current, &runtime, &token)).await;
+                    let result = Box::pin(
+                        self.shared
+                            .syncer
+                            .sync_pod(&current, &runtime, &hashes, &token),
+                    )
+                    .await;
                     // Upstream stamps the end: a relist made while the sync ran may show
                     // its half-done work (a container created, not yet started).
                     last_sync = Some(Instant::now());
@@ -395,7 +429,7 @@ impl Worker {
                     // The status reflects the cache as the sync saw it, with this
                     // sync's waiting reasons; the next relist's event refreshes it.
                     let extra = sync_extra(&waiting, &start_time, host_ip.as_deref(), failed);
-                    self.publish(&current, &runtime, &extra, Phase::Sync);
+                    self.publish(&mut published, &current, &runtime, &extra, Phase::Sync);
                 }
                 Phase::Terminating(grace) => {
                     let since =
@@ -426,7 +460,8 @@ impl Worker {
                         failed,
                         rejected: None,
                     };
-                    self.publish(&current, &runtime, &extra, *lock(&self.phase));
+                    let phase = *lock(&self.phase);
+                    self.publish(&mut published, &current, &runtime, &extra, phase);
                 }
                 Phase::Terminated => {
                     let since =
@@ -452,6 +487,30 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// The inputs of the last published status.
+#[derive(Debug)]
+struct Published {
+    pod: Arc<Pod>,
+    runtime: Arc<PodStatus>,
+    waiting: Option<BTreeMap<String, Waiting>>,
+    start_time: Option<Time>,
+    host_ip: Option<String>,
+    failed: bool,
+    phase: Phase,
+}
+
+impl Published {
+    fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.pod, &other.pod)
+            && Arc::ptr_eq(&self.runtime, &other.runtime)
+            && self.waiting == other.waiting
+            && self.start_time == other.start_time
+            && self.host_ip == other.host_ip
+            && self.failed == other.failed
+            && self.phase == other.phase
     }
 }
 

@@ -64,7 +64,7 @@ async fn kill_to_cache(
         .views()
         .into_iter()
         .find(|v| v.pod.metadata.name.as_deref() == Some(pod))
-        .and_then(|v| v.pod.metadata.uid)
+        .and_then(|v| v.pod.metadata.uid.clone())
         .expect("uid");
     let container = evlet_cri::ContainerId::new(cid.clone());
     let killed = Instant::now();

@@ -7,6 +7,8 @@
 //! newest instance of each container as CRI reports it.
 
 use evlet_cri::{ContainerId, SandboxId};
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::spec::container_hash;
@@ -66,8 +68,43 @@ fn succeeded(status: &PodStatus, c: &Container) -> bool {
         .is_some_and(|s| s.state == State::Exited && s.exit_code == 0)
 }
 
+/// The spec hash of each of a pod's containers (by name), computed once per
+/// pod spec: hashing serializes the container, too costly for every sync.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecHashes(BTreeMap<String, String>);
+
+impl SpecHashes {
+    /// The hashes of `pod`'s containers and init containers.
+    pub fn of(pod: &Pod) -> Self {
+        Self(
+            pod.spec
+                .iter()
+                .flat_map(|s| {
+                    s.containers
+                        .iter()
+                        .chain(s.init_containers.iter().flatten())
+                })
+                .map(|c| (c.name.clone(), container_hash(c)))
+                .collect(),
+        )
+    }
+
+    /// The hash of `c` (computed if it was not among them).
+    pub fn get(&self, c: &Container) -> std::borrow::Cow<'_, str> {
+        match self.0.get(&c.name) {
+            Some(h) => std::borrow::Cow::Borrowed(h),
+            None => std::borrow::Cow::Owned(container_hash(c)),
+        }
+    }
+}
+
 /// Computes the actions for `pod` given its runtime `status`.
 pub fn compute(pod: &Pod, status: &PodStatus) -> PodActions {
+    compute_with(pod, status, &SpecHashes::of(pod))
+}
+
+/// [`compute`] with the pod's spec hashes already known.
+pub fn compute_with(pod: &Pod, status: &PodStatus, hashes: &SpecHashes) -> PodActions {
     let mut actions = PodActions::default();
     let Some(spec) = &pod.spec else {
         return actions;
@@ -112,7 +149,7 @@ pub fn compute(pod: &Pod, status: &PodStatus) -> PodActions {
         if pod::is_restartable_init(c) {
             match latest.map(|s| s.state) {
                 Some(State::Running) => {
-                    if latest.is_some_and(|s| s.hash != container_hash(c)) {
+                    if latest.is_some_and(|s| s.hash != *hashes.get(c)) {
                         actions
                             .kill
                             .push(kill(latest, c, "Container spec hash changed"));
@@ -151,7 +188,7 @@ pub fn compute(pod: &Pod, status: &PodStatus) -> PodActions {
         match latest.map(|s| s.state) {
             None => actions.start.push(Target::App(i)),
             Some(State::Running) => {
-                if latest.is_some_and(|s| s.hash != container_hash(c)) {
+                if latest.is_some_and(|s| s.hash != *hashes.get(c)) {
                     actions
                         .kill
                         .push(kill(latest, c, "Container spec hash changed"));

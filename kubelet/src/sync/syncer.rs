@@ -128,9 +128,10 @@ impl Syncer {
         &self,
         pod: &Pod,
         status: &PodStatus,
+        hashes: &actions::SpecHashes,
         cancel: &CancellationToken,
     ) -> Result<SyncOutcome, SyncError> {
-        let actions = actions::compute(pod, status);
+        let actions = actions::compute_with(pod, status, hashes);
         let mut outcome = SyncOutcome {
             failed: actions.init_failed,
             ..Default::default()
