@@ -18,8 +18,11 @@ use anyhow::{Context as _, Result, bail};
 use crate::containerd::{self, Binaries, Version};
 use crate::{image, sh};
 
-/// How long `up` waits for the CRI plugin to serve.
+/// How long `up` waits for the CRI plugin to serve while containerd logs nothing new.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `up` waits at most while containerd keeps logging progress
+/// (loading a large store takes longer than `START_TIMEOUT`).
+const START_LIMIT: Duration = Duration::from_secs(180);
 /// How many times a containerd that dies silently during start-up is started.
 const START_ATTEMPTS: u32 = 3;
 /// How long `down` waits after SIGTERM before SIGKILL.
@@ -122,6 +125,7 @@ impl Node {
         if let Some(pid) = self.pid() {
             eprintln!("node {}: already up (containerd pid {pid})", self.version);
         } else {
+            self.forget_dead_runtime_state()?;
             self.write_config()?;
             self.start(&bins)?;
         }
@@ -139,6 +143,33 @@ impl Node {
             self.env_file().display()
         );
         Ok(())
+    }
+
+    /// A node whose containerd and shims are all gone (the machine restarted,
+    /// or they were killed) keeps its task state under `state/`, which on a
+    /// real host lives on `/run` and is cleared by the reboot. Left in place,
+    /// containerd spends its start-up "cleaning up dead shim" for every task
+    /// (minutes after a 500-pod run). Clear it as a reboot would; the store
+    /// under `root/` (images, container records) stays.
+    fn forget_dead_runtime_state(&self) -> Result<()> {
+        let state = self.dir.join("state");
+        if !state.is_dir() || !self.shims().is_empty() {
+            return Ok(());
+        }
+        let tasks = fs::read_dir(&state).map(|d| d.count()).unwrap_or(0);
+        if tasks == 0 {
+            return Ok(());
+        }
+        eprintln!(
+            "node {}: containerd and its shims are gone; clearing their runtime state in {} \
+             (as a reboot clears /run)",
+            self.version,
+            state.display()
+        );
+        for mount in self.mounts().iter().filter(|m| m.starts_with(&state)) {
+            unmount(mount);
+        }
+        fs::remove_dir_all(&state).with_context(|| format!("cannot remove {}", state.display()))
     }
 
     fn write_config(&self) -> Result<()> {
@@ -267,7 +298,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.version,
             log_path.display()
         );
-        let deadline = Instant::now() + START_TIMEOUT;
+        let started = Instant::now();
+        let mut deadline = started + START_TIMEOUT;
+        let mut logged = 0;
         loop {
             // The child handle, not /proc, says whether it exited, and how.
             if let Some(status) = child.try_wait()? {
@@ -276,10 +309,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             if self.socket().exists() && cri_ready(bins, &self.socket()) {
                 return Ok(Started::Serving);
             }
+            // Progress (a growing log) extends the wait, up to START_LIMIT.
+            let len = fs::metadata(log_path).map(|m| m.len()).unwrap_or(0);
+            if len != logged {
+                logged = len;
+                deadline = (Instant::now() + START_TIMEOUT).min(started + START_LIMIT);
+            }
             if Instant::now() > deadline {
                 bail!(
-                    "containerd {} did not serve CRI within {START_TIMEOUT:?}; last log lines:\n{}",
+                    "containerd {} did not serve CRI ({:?} since start, {START_TIMEOUT:?} \
+                     without a new log line, at most {START_LIMIT:?}); last log lines:\n{}",
                     self.version,
+                    started.elapsed(),
                     tail(log_path, 20)
                 );
             }
