@@ -136,6 +136,11 @@ fn effective(flags: Flags) -> Result<Config> {
 #[cfg(target_env = "gnu")]
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 
+/// Free heap below this stays with glibc: a trim walks every free chunk and
+/// madvises its pages, which on a quiet node would be most of the idle CPU.
+#[cfg(target_env = "gnu")]
+const TRIM_ABOVE: usize = 4 << 20;
+
 /// glibc keeps what a burst freed (a batch of pod starts, a large `/pods`
 /// answer) in its arenas; `malloc_trim` hands those pages back to the kernel.
 /// Measured with 500 pods: RSS 74 MiB before a trim, 53 MiB after.
@@ -145,8 +150,12 @@ async fn trim_heap() {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        // SAFETY: malloc_trim has no preconditions; it only releases free pages.
-        unsafe { libc::malloc_trim(0) };
+        // SAFETY: mallinfo2 has no preconditions; it only reads the arenas' counters.
+        let free = unsafe { libc::mallinfo2() }.fordblks;
+        if free > TRIM_ABOVE {
+            // SAFETY: malloc_trim has no preconditions; it only releases free pages.
+            unsafe { libc::malloc_trim(0) };
+        }
     }
 }
 

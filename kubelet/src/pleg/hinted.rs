@@ -111,6 +111,9 @@ struct Open {
     shown: bool,
 }
 
+/// How old a quiet proof may be and still answer a worker's wait.
+const PROOF_REUSE: Duration = Duration::from_millis(500);
+
 /// After this long without the runtime showing a kernel-reported exit, the
 /// exit counts as lost by the runtime (`evlet_runtime_exit_lost_total`).
 const EXIT_LOST_AFTER: Duration = Duration::from_secs(10);
@@ -129,6 +132,7 @@ pub async fn run(
 ) {
     let mut dispatcher = Dispatcher {
         next_full: Instant::now() + timing.safety,
+        last_proof: None,
         relister,
         hints,
         quiet,
@@ -194,6 +198,8 @@ struct Dispatcher {
     /// `cri-events`: ends of the grace periods of counting relists.
     verifying: Vec<Instant>,
     next_full: Instant,
+    /// The last quiet proof: every kernel event before it is in the hints.
+    last_proof: Option<Instant>,
 }
 
 impl Dispatcher {
@@ -535,8 +541,18 @@ impl Dispatcher {
             this.expecting.contains_key(uid) || !this.hints.settled(uid)
         };
         wanted.retain(|(uid, _)| !pending(self, uid));
+        // A recent proof newer than every wanted `since` answers them as well as
+        // a new one would: at 500 pods, resyncs ask several times a second.
+        let reusable = self
+            .last_proof
+            .filter(|p| p.elapsed() < PROOF_REUSE && wanted.iter().all(|(_, since)| p > since));
         let proven = match &self.quiet {
-            Some(q) if !wanted.is_empty() => q.prove(self.timing.prove_for).await,
+            Some(_) if reusable.is_some() => reusable,
+            Some(q) if !wanted.is_empty() => {
+                let proven = q.prove(self.timing.prove_for).await;
+                self.last_proof = proven.or(self.last_proof);
+                proven
+            }
             _ => None,
         };
         for (uid, since) in wanted {

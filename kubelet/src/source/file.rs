@@ -65,9 +65,24 @@ impl FileSource {
 
     /// Re-reads every manifest; returns the snapshot and the errors that are new.
     pub fn scan(&mut self) -> (Vec<Pod>, Vec<ManifestError>) {
+        let (_, errors) = self.rescan();
+        (self.snapshot(), errors)
+    }
+
+    fn snapshot(&self) -> Vec<Pod> {
+        self.good.values().flatten().cloned().collect()
+    }
+
+    /// Re-reads every manifest; returns the snapshot if any file changed (was
+    /// added, removed or parsed again) and the errors that are new. A quiet
+    /// rescan builds no snapshot: at hundreds of static pods, cloning and
+    /// comparing them every period was most of what the source cost.
+    fn rescan(&mut self) -> (Option<Vec<Pod>>, Vec<ManifestError>) {
         let files = self.files();
         let present: std::collections::BTreeSet<&PathBuf> = files.iter().collect();
+        let before = self.good.len();
         self.good.retain(|f, _| present.contains(f));
+        let mut changed = self.good.len() != before;
         self.errors.retain(|f, _| present.contains(f));
         self.texts.retain(|f, _| present.contains(f));
         let mut new_errors = Vec::new();
@@ -80,6 +95,7 @@ impl FileSource {
             {
                 continue;
             }
+            changed = true;
             let parsed = match read {
                 Ok(text) => {
                     let parsed = manifest::parse(&text, &origin, StaticKind::File, &self.node);
@@ -123,7 +139,7 @@ impl FileSource {
             self.errors.insert(file.clone(), parsed.errors);
             self.good.insert(file.clone(), pods);
         }
-        (self.good.values().flatten().cloned().collect(), new_errors)
+        (changed.then(|| self.snapshot()), new_errors)
     }
 
     /// Runs until `cancel`: watches with inotify and rescans every `period`.
@@ -162,12 +178,14 @@ impl FileSource {
         };
         let mut last: Option<Vec<Pod>> = None;
         loop {
-            let (pods, errors) = self.scan();
+            let (pods, errors) = self.rescan();
             for err in errors {
                 tracing::error!(source = "file", error = %err, "rejected static pod manifest");
                 let _ = tx.send(SourceMessage::Error(Source::File, err)).await;
             }
-            if last.as_ref() != Some(&pods) {
+            if let Some(pods) = pods
+                && last.as_ref() != Some(&pods)
+            {
                 last = Some(pods.clone());
                 if tx
                     .send(SourceMessage::Snapshot(Source::File, pods))
