@@ -179,6 +179,9 @@ impl FileSource {
         let mut last: Option<Vec<Pod>> = None;
         loop {
             let (pods, errors) = self.rescan();
+            // The first scan always answers, even with no pods: an empty
+            // directory is an answer (sourcesReady waits for it).
+            let pods = pods.or_else(|| last.is_none().then(|| self.snapshot()));
             for err in errors {
                 tracing::error!(source = "file", error = %err, "rejected static pod manifest");
                 let _ = tx.send(SourceMessage::Error(Source::File, err)).await;
