@@ -29,6 +29,7 @@ pub mod health;
 pub mod lock;
 pub mod machine;
 pub mod metrics;
+pub mod node_lock;
 pub mod pleg;
 pub mod pod;
 pub mod quantity;

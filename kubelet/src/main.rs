@@ -55,6 +55,14 @@ struct Flags {
     /// Taints the node registers with: `key=value:Effect,...`.
     #[arg(long)]
     register_with_taints: Option<String>,
+    /// The file whose exclusive lock makes this the node's only agent
+    /// (default `<root-dir>/evlet.lock`).
+    #[arg(long)]
+    lock_file: Option<PathBuf>,
+    /// Exit when another process opens the lock file, and wait for the lock
+    /// instead of failing (upstream's hand-over between two agents).
+    #[arg(long)]
+    exit_on_lock_contention: bool,
 }
 
 fn init_logging(format: LogFormat) {
@@ -163,6 +171,19 @@ fn main() -> Result<()> {
     let flags = Flags::parse();
     init_logging(flags.log_format);
     let kubeconfig = flags.kubeconfig.clone();
+    let lock_file = flags
+        .lock_file
+        .clone()
+        .unwrap_or_else(|| flags.root_dir.join("evlet.lock"));
+    let exit_on_contention = flags.exit_on_lock_contention;
+    // Before anything touches the runtime: two agents would fight over every pod.
+    // With --exit-on-lock-contention this is a hand-over, as upstream: wait for
+    // the holder, which exits when it sees this process open the file.
+    let lock = if exit_on_contention {
+        evlet::node_lock::NodeLock::acquire_waiting(&lock_file)?
+    } else {
+        evlet::node_lock::NodeLock::acquire(&lock_file)?
+    };
     let mut config = effective(flags)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -174,11 +195,21 @@ fn main() -> Result<()> {
             config.api = Some(evlet::api::ApiClient::from_kubeconfig(path).await?);
         }
         let shutdown = CancellationToken::new();
+        let contended = CancellationToken::new();
+        let _watcher = if exit_on_contention {
+            Some(lock.watch_contention(contended.clone())?)
+        } else {
+            None
+        };
         let (_handles, task) = evlet::agent::start(config, shutdown.clone()).await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
             _ = term.recv() => tracing::info!("terminated; stopping"),
+            () = contended.cancelled() => tracing::info!(
+                lock_file = %lock.path().display(),
+                "another process opened the lock file; stopping (--exit-on-lock-contention)"
+            ),
         }
         shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
