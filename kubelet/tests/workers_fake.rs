@@ -306,6 +306,43 @@ async fn a_slow_start_creates_each_container_exactly_once() {
     );
 }
 
+/// A container whose StartContainer fails is removed at once, not left in
+/// `Created` state (where a real runtime keeps its `runc init` alive); the
+/// pod waits with `RunContainerError` and the next attempt starts it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_that_fails_to_start_is_removed_and_started_again() {
+    let rig = rig().await;
+    rig.server.runtime().inject(
+        "StartContainer",
+        Fault::Error(
+            evlet_cri::fake::Code::Internal,
+            "runc: exec format error".into(),
+        ),
+        Some(1),
+    );
+    let p = pod(
+        "failstart",
+        &format!("  containers:\n  - {{name: app, image: {IMAGE}}}\n"),
+    );
+    add(&rig, &p);
+    eventually(Duration::from_secs(20), "Running after a retry", || async {
+        (phase(&rig, "failstart").as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let rt = rig.server.runtime();
+    assert_eq!(
+        (
+            rt.calls("CreateContainer"),
+            rt.calls("StartContainer"),
+            rt.calls("RemoveContainer")
+        ),
+        (2, 2, 1),
+        "the failed instance was removed, the second started"
+    );
+    let left: Vec<_> = rt.snapshot().containers.values().map(|c| c.state).collect();
+    assert_eq!(left.len(), 1, "only the running instance is left: {left:?}");
+}
+
 /// An image that cannot be pulled leaves the container waiting with
 /// `ErrImagePull` and the runtime's reason, and starts nothing.
 #[tokio::test(flavor = "multi_thread")]

@@ -31,6 +31,9 @@ use crate::client::ExecOutput;
 use crate::ids::ContainerId;
 use state::State;
 
+/// The gRPC status codes [`Fault::Error`] answers with.
+pub use tonic::Code;
+
 /// A fault to inject into calls of one RPC.
 #[derive(Debug, Clone)]
 pub enum Fault {

@@ -355,6 +355,15 @@ impl Syncer {
             format!("Created container: {}", c.name),
         );
         if let Err(e) = self.client.start_container(&id).await {
+            // A created container that did not start keeps a `runc init` in
+            // its cgroup: remove it now rather than leave it to the next sync
+            // or GC (CRI's RemoveContainer also removes one that did start
+            // after all, say after a timeout; the next sync starts it again).
+            if let Err(rm) = self.client.remove_container(&id).await
+                && !rm.is_not_found()
+            {
+                tracing::warn!(pod = %pod::key(pod), container = %c.name, id = %id.short(), error = %rm, "cannot remove a container that did not start");
+            }
             if e.is_retryable() {
                 return Err(Start::Runtime(e));
             }
