@@ -635,8 +635,60 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Removes the (empty of processes) cgroup tree `root` in every hierarchy.
+/// Kills whatever still runs in the node's cgroups (a container created but
+/// never started keeps its `runc init` there after its shim is gone), then
+/// removes them. Everything under the node's cgroup root was started by the
+/// node's containerd.
 fn remove_cgroup_tree(root: &str) {
+    kill_cgroup_tree(root);
     for dir in cgroup_dirs(root) {
         let _ = fs::remove_dir(&dir);
+    }
+}
+
+/// cgroup v2: `cgroup.kill` on the top (kernel 5.14+). v1: freeze the subtree,
+/// SIGKILL every member, thaw (a frozen task dies when thawed), so nothing
+/// forks away between reading the members and killing them. Repeated until
+/// the tree is empty, for at most two seconds.
+fn kill_cgroup_tree(root: &str) {
+    let rel = root.trim_start_matches('/');
+    for top in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] {
+        let kill = Path::new(top).join(rel).join("cgroup.kill");
+        if kill.exists() {
+            let _ = fs::write(&kill, "1");
+        }
+    }
+    let freezer = Path::new("/sys/fs/cgroup/freezer").join(rel);
+    let frozen = freezer.join("freezer.state").exists()
+        && fs::write(freezer.join("freezer.state"), "FROZEN").is_ok();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let members: Vec<i32> = cgroup_dirs(root)
+            .iter()
+            .flat_map(|d| {
+                fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect();
+        for &pid in &members {
+            // SAFETY: kill(2) with a PID read from this node's own cgroups.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if frozen {
+            let _ = fs::write(freezer.join("freezer.state"), "THAWED");
+        }
+        if members.is_empty() || Instant::now() > deadline {
+            if !members.is_empty() {
+                eprintln!(
+                    "node: {} processes outlived SIGKILL in {root}",
+                    members.len()
+                );
+            }
+            return;
+        }
+        sleep(Duration::from_millis(50));
     }
 }

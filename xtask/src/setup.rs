@@ -70,10 +70,29 @@ fn apt_packages() -> Result<()> {
     }
     eprintln!("setup: debian packages: installing {}", missing.join(" "));
     apt_update()?;
+    // The host's packages are not ours to remove: simulate first, and refuse
+    // a plan that removes anything (qemu-system-x86 once replaced qemu-utils).
+    let removed = removals(&simulate(&missing)?);
+    if !removed.is_empty() {
+        bail!(
+            "installing {} would remove {} from this host; setup removes nothing it did not \
+             install. Resolve the conflict by hand (`apt-get -s install {}` shows the plan), \
+             then re-run `cargo xtask setup`",
+            missing.join(" "),
+            removed.join(", "),
+            missing.join(" ")
+        );
+    }
     let mut install = Command::new("apt-get");
     install
         .env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args([
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            "--no-remove",
+        ])
         .args(&missing);
     if let Err(err) = sh::run(&mut install) {
         let reasons: Vec<String> = PACKAGES
@@ -87,6 +106,33 @@ fn apt_packages() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// apt's plan for installing `packages` (`apt-get -s`: nothing is changed).
+fn simulate(packages: &[&str]) -> Result<String> {
+    let out = Command::new("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["-s", "install", "-q", "--no-install-recommends"])
+        .args(packages)
+        .output()
+        .context("cannot run apt-get -s")?;
+    if !out.status.success() {
+        bail!(
+            "apt cannot plan installing {}:\n{}",
+            packages.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The packages a simulated plan removes (its `Remv <name> [<version>]` lines).
+fn removals(plan: &str) -> Vec<String> {
+    plan.lines()
+        .filter_map(|l| l.strip_prefix("Remv "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `apt-get update`, turning "cannot reach the mirror" into a clear error.
@@ -234,4 +280,34 @@ fn tracefs() -> Result<()> {
             .arg(tracing),
     )
     .context("cannot mount tracefs (classic tracepoints need it)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_that_removes_a_host_package_is_seen() {
+        // apt-get -s output when qemu-system-x86 displaced qemu-utils.
+        let plan = "Reading package lists...\n\
+            The following packages will be REMOVED:\n  qemu-utils\n\
+            Remv qemu-utils [1:7.2+dfsg-7]\n\
+            Inst qemu-system-x86 (1:9.2.0+ds-1 Debian:testing [amd64])\n\
+            Conf qemu-system-x86 (1:9.2.0+ds-1 Debian:testing [amd64])\n";
+        assert_eq!(removals(plan), ["qemu-utils"]);
+        assert!(removals("Inst cpio (2.13 Debian [amd64])\n").is_empty());
+    }
+
+    /// The plan for this project's packages, on this host, removes nothing.
+    #[test]
+    fn installing_the_project_packages_removes_nothing_here() {
+        if Command::new("apt-get").arg("--version").output().is_err() {
+            eprintln!("SKIP: no apt-get on this machine");
+            assert!(std::env::var_os("CI").is_none(), "CI machines are Debian");
+            return;
+        }
+        let names: Vec<&str> = PACKAGES.iter().map(|(name, _)| *name).collect();
+        let plan = simulate(&names).expect("apt-get -s");
+        assert_eq!(removals(&plan), Vec::<String>::new(), "{plan}");
+    }
 }

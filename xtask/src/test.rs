@@ -224,6 +224,23 @@ fn node_suites(options: &Options, node_targets: &[String]) -> Vec<String> {
     failures
 }
 
+/// A plain `cargo build` (PATH without `.tools/bin`, as a developer's shell
+/// has it) still builds the kernel programs after setup: the loader's build
+/// script finds `bpf-linker` in `.tools/bin`. Its own target directory, so
+/// the check really links the probes.
+fn plain_cargo_builds_the_probes() -> Result<()> {
+    let tools = paths::tools_bin();
+    let path: Vec<_> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).filter(|d| *d != tools).collect())
+        .unwrap_or_default();
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(paths::repo())
+        .env("PATH", std::env::join_paths(path)?)
+        .env("CARGO_TARGET_DIR", paths::repo().join("target/plain-cargo"))
+        .args(["check", "--locked", "-p", "evlet-ebpf"]);
+    sh::run(&mut cmd).context("a plain `cargo check -p evlet-ebpf` (no .tools/bin on PATH) failed")
+}
+
 /// Runs the whole suite; the first failing stage ends it with an error.
 pub fn test(options: &Options) -> Result<()> {
     let started = Instant::now();
@@ -244,7 +261,8 @@ pub fn test(options: &Options) -> Result<()> {
     }
     let targets = test_targets()?;
     stage("build", || {
-        sh::run(&mut cargo_test(&["test", "--locked", "--no-run"]))
+        sh::run(&mut cargo_test(&["test", "--locked", "--no-run"]))?;
+        plain_cargo_builds_the_probes()
     })?;
     stage("plain tests", || {
         sh::run(&mut cargo_test(&with_tests(
