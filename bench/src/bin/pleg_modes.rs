@@ -595,7 +595,14 @@ async fn main() -> Result<()> {
         }
     };
     let node = Node::from_env()?;
-    let client = RuntimeClient::connect(&node.endpoint, Options::default())?;
+    // The floor starts every pod at once: at 500 pods containerd answers some
+    // RunPodSandbox calls after more than the agent's 2 min deadline. The floor
+    // measures the runtime, so its calls wait as long as the runtime takes.
+    let options = Options {
+        request_timeout: Duration::from_secs(900),
+        ..Options::default()
+    };
+    let client = RuntimeClient::connect(&node.endpoint, options)?;
     let version = client.version().await?;
     std::fs::create_dir_all(&args.work)?;
     std::fs::create_dir_all(&args.out)?;
