@@ -327,7 +327,7 @@ impl Worker {
     async fn run(self) {
         let mut pod: Option<Arc<Pod>> = None;
         // The spec hashes of `pod`'s containers, computed once per spec.
-        let mut hashes = Arc::new(SpecHashes::default());
+        let mut hashes = SpecHashes::default();
         let mut published: Option<Published> = None;
         let mut last_sync: Option<Instant> = None;
         let mut next_resync: Option<Instant> = None;
@@ -347,7 +347,7 @@ impl Worker {
                     }
                 }
                 if pod.as_deref() != Some(&p.pod) {
-                    hashes = Arc::new(SpecHashes::of(&p.pod));
+                    hashes = SpecHashes::of(&p.pod);
                     pod = Some(Arc::new(p.pod));
                 }
             } else if !run_now {

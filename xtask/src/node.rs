@@ -156,8 +156,8 @@ impl Node {
         if !state.is_dir() || !self.shims().is_empty() {
             return Ok(());
         }
-        let tasks = fs::read_dir(&state).map(|d| d.count()).unwrap_or(0);
-        if tasks == 0 {
+        let empty = fs::read_dir(&state).map_or(true, |mut d| d.next().is_none());
+        if empty {
             return Ok(());
         }
         eprintln!(
@@ -634,7 +634,6 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
     out.push(dir.to_path_buf());
 }
 
-/// Removes the (empty of processes) cgroup tree `root` in every hierarchy.
 /// Kills whatever still runs in the node's cgroups (a container created but
 /// never started keeps its `runc init` there after its shim is gone), then
 /// removes them. Everything under the node's cgroup root was started by the
@@ -663,7 +662,8 @@ fn kill_cgroup_tree(root: &str) {
         && fs::write(freezer.join("freezer.state"), "FROZEN").is_ok();
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let members: Vec<i32> = cgroup_dirs(root)
+        // A process is a member in every v1 hierarchy: kill each once.
+        let members: std::collections::BTreeSet<i32> = cgroup_dirs(root)
             .iter()
             .flat_map(|d| {
                 fs::read_to_string(d.join("cgroup.procs"))

@@ -168,6 +168,15 @@ pub enum Next {
     Idle,
 }
 
+impl Full {
+    /// Counts `reason` with this relist too (once).
+    fn also_for(&mut self, reason: Reason) {
+        if self.reason != reason && !self.also.contains(&reason) {
+            self.also.push(reason);
+        }
+    }
+}
+
 impl Hints {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         crate::lock::lock(&self.inner)
@@ -232,16 +241,13 @@ impl Hints {
     }
 
     /// Everything must be relisted (events were lost, a reader restarted, ...).
-    /// Requests coalesce: the first reason is kept.
+    /// Requests coalesce into one relist: the first reason and its details
+    /// lead, and every other reason is counted with it.
     pub fn full(&self, reason: Reason, detail: impl Into<String>) {
         {
             let mut inner = self.lock();
             match &mut inner.full {
-                Some(full) => {
-                    if full.reason != reason && !full.also.contains(&reason) {
-                        full.also.push(reason);
-                    }
-                }
+                Some(full) => full.also_for(reason),
                 None => {
                     inner.full = Some(Full {
                         reason,
@@ -345,9 +351,7 @@ impl Hints {
             counting: false,
         });
         for r in also.into_iter().chain([reason]) {
-            if full.reason != r && !full.also.contains(&r) {
-                full.also.push(r);
-            }
+            full.also_for(r);
         }
         full.counting |= counting;
     }
