@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
@@ -69,61 +69,206 @@ fn apt_packages() -> Result<()> {
         return Ok(());
     }
     eprintln!("setup: debian packages: installing {}", missing.join(" "));
-    apt_update()?;
-    // The host's packages are not ours to remove: simulate first, and refuse
-    // a plan that removes anything (qemu-system-x86 once replaced qemu-utils).
-    let removed = removals(&simulate(&missing)?);
-    if !removed.is_empty() {
-        bail!(
-            "installing {} would remove {} from this host; setup removes nothing it did not \
-             install. Resolve the conflict by hand (`apt-get -s install {}` shows the plan), \
-             then re-run `cargo xtask setup`",
-            missing.join(" "),
-            removed.join(", "),
-            missing.join(" ")
-        );
-    }
-    let mut install = Command::new("apt-get");
-    install
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .args([
-            "install",
-            "-y",
-            "-q",
-            "--no-install-recommends",
-            "--no-remove",
-        ])
-        .args(&missing);
-    if let Err(err) = sh::run(&mut install) {
-        let reasons: Vec<String> = PACKAGES
-            .iter()
-            .filter(|(name, _)| !installed(name))
-            .map(|(name, why)| format!("  {name}: needed for {why}"))
-            .collect();
-        bail!(
-            "could not install Debian packages:\n{}\n({err})",
-            reasons.join("\n")
-        );
+    let system = HostApt::System;
+    system.update()?;
+    for (apt, packages) in plan(&missing)? {
+        apt.install(&packages).map_err(|err| {
+            let reasons: Vec<String> = PACKAGES
+                .iter()
+                .filter(|(name, _)| !installed(name))
+                .map(|(name, why)| format!("  {name}: needed for {why}"))
+                .collect();
+            anyhow::anyhow!(
+                "could not install Debian packages:\n{}\n({err})",
+                reasons.join("\n")
+            )
+        })?;
     }
     Ok(())
 }
 
-/// apt's plan for installing `packages` (`apt-get -s`: nothing is changed).
-fn simulate(packages: &[&str]) -> Result<String> {
-    let out = Command::new("apt-get")
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["-s", "install", "-q", "--no-install-recommends"])
-        .args(packages)
-        .output()
-        .context("cannot run apt-get -s")?;
-    if !out.status.success() {
-        bail!(
-            "apt cannot plan installing {}:\n{}",
-            packages.join(" "),
+/// Where each missing package is installed from, such that nothing of the host's is removed.
+///
+/// The host's packages are not ours to remove. Most packages come from the system's
+/// sources. A package whose plan there would remove a host package (qemu-system-x86
+/// from bookworm displaces the host's qemu-utils from bookworm-backports) is planned
+/// again from `<codename>-backports`, where the two share a version, and taken from there
+/// if that plan removes nothing; otherwise setup refuses, naming the conflict.
+fn plan(missing: &[&str]) -> Result<Vec<(HostApt, Vec<String>)>> {
+    let system = HostApt::System;
+    if removals(&system.simulate(missing)?).is_empty() {
+        return Ok(vec![(
+            system,
+            missing.iter().map(|&p| p.to_owned()).collect(),
+        )]);
+    }
+    let mut clean = Vec::new();
+    let mut displacing = Vec::new();
+    for &package in missing {
+        let removed = removals(&system.simulate(&[package])?);
+        if removed.is_empty() {
+            clean.push(package.to_owned());
+        } else {
+            displacing.push((package, removed));
+        }
+    }
+    let backports = HostApt::backports()?;
+    backports.update()?;
+    let mut from_backports = Vec::new();
+    for (package, removed) in displacing {
+        let again = removals(&backports.simulate(&[package])?);
+        if !again.is_empty() {
+            bail!(
+                "installing {package} would remove {} from this host (and from {} it would \
+                 remove {}); setup removes nothing it did not install. Resolve the conflict by \
+                 hand (`apt-get -s install {package}` shows the plan), then re-run \
+                 `cargo xtask setup`",
+                removed.join(", "),
+                backports.describe(),
+                again.join(", ")
+            );
+        }
+        eprintln!(
+            "setup: {package}: from {}, because the system's sources would remove {}",
+            backports.describe(),
+            removed.join(", ")
+        );
+        from_backports.push(package.to_owned());
+    }
+    let mut plan = Vec::new();
+    if !clean.is_empty() {
+        plan.push((system, clean));
+    }
+    if !from_backports.is_empty() {
+        plan.push((backports, from_backports));
+    }
+    Ok(plan)
+}
+
+/// The host's APT, as configured, or with the release's backports suite beside it.
+#[derive(Debug)]
+enum HostApt {
+    /// The system's sources and index lists.
+    System,
+    /// The system's sources plus `<codename>-backports`, with index lists of its own
+    /// under the tools dir (the system's configuration is never edited), preferring
+    /// backports for what it installs.
+    Backports {
+        /// `<codename>-backports`.
+        suite: String,
+        /// The private source list and index lists.
+        dir: PathBuf,
+    },
+}
+
+impl HostApt {
+    fn backports() -> Result<Self> {
+        let release =
+            fs::read_to_string("/etc/os-release").context("cannot read /etc/os-release")?;
+        let codename = release
+            .lines()
+            .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+            .map(|c| c.trim_matches('"').to_owned())
+            .filter(|c| !c.is_empty())
+            .context("/etc/os-release names no VERSION_CODENAME: cannot find its backports")?;
+        let suite = format!("{codename}-backports");
+        let dir = paths::tools().join("apt-host");
+        fs::create_dir_all(dir.join("lists/partial"))
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        fs::write(
+            dir.join("sources.list"),
+            format!(
+                "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+                 http://deb.debian.org/debian {suite} main\n"
+            ),
+        )?;
+        Ok(Self::Backports { suite, dir })
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::System => "the system's sources".to_owned(),
+            Self::Backports { suite, .. } => format!("Debian {suite}"),
+        }
+    }
+
+    fn apt_get(&self) -> Command {
+        let mut cmd = Command::new("apt-get");
+        cmd.env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["-q", "-o", "Acquire::Retries=3"]);
+        if let Self::Backports { suite, dir } = self {
+            cmd.arg("-o")
+                .arg(format!(
+                    "Dir::Etc::SourceList={}",
+                    dir.join("sources.list").display()
+                ))
+                .arg("-o")
+                .arg(format!("Dir::State::Lists={}", dir.join("lists").display()))
+                .args(["-t", suite]);
+        }
+        cmd
+    }
+
+    /// `apt-get update`, turning "cannot reach the mirror" into a clear error.
+    ///
+    /// apt exits 0 when some indexes fail to download, so its output is checked too.
+    fn update(&self) -> Result<()> {
+        let out = self
+            .apt_get()
+            .arg("update")
+            .output()
+            .context("cannot run apt-get (is this a Debian machine?)")?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        let unreachable = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("Err:")
+                    || l.contains("Failed to fetch")
+                    || l.contains("Could not resolve")
+            })
+            .collect::<Vec<_>>();
+        if !out.status.success() || !unreachable.is_empty() {
+            bail!(
+                "apt cannot reach its package registry ({}): check the network or proxy, \
+                 then re-run `cargo xtask setup`\n{}",
+                self.describe(),
+                unreachable.join("\n")
+            );
+        }
+        Ok(())
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+
+    /// apt's plan for installing `packages` (`apt-get -s`: nothing is changed).
+    fn simulate(&self, packages: &[&str]) -> Result<String> {
+        let out = self
+            .apt_get()
+            .args(["-s", "install", "--no-install-recommends"])
+            .args(packages)
+            .output()
+            .context("cannot run apt-get -s")?;
+        if !out.status.success() {
+            bail!(
+                "apt cannot plan installing {} from {}:\n{}",
+                packages.join(" "),
+                self.describe(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Installs `packages`; apt is told never to remove anything on the way.
+    fn install(&self, packages: &[String]) -> Result<()> {
+        sh::run(
+            self.apt_get()
+                .args(["install", "-y", "--no-install-recommends", "--no-remove"])
+                .args(packages),
+        )
+    }
 }
 
 /// The packages a simulated plan removes (its `Remv <name> [<version>]` lines).
@@ -133,37 +278,6 @@ fn removals(plan: &str) -> Vec<String> {
         .filter_map(|rest| rest.split_whitespace().next())
         .map(str::to_owned)
         .collect()
-}
-
-/// `apt-get update`, turning "cannot reach the mirror" into a clear error.
-///
-/// apt exits 0 when some indexes fail to download, so its output is checked too.
-fn apt_update() -> Result<()> {
-    let out = Command::new("apt-get")
-        .args(["update", "-q", "-o", "Acquire::Retries=3"])
-        .output()
-        .context("cannot run apt-get (is this a Debian machine?)")?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let unreachable = text
-        .lines()
-        .filter(|l| {
-            l.starts_with("Err:")
-                || l.contains("Failed to fetch")
-                || l.contains("Could not resolve")
-        })
-        .collect::<Vec<_>>();
-    if !out.status.success() || !unreachable.is_empty() {
-        bail!(
-            "apt cannot reach its package registry (the Debian mirror in /etc/apt/sources.list*): \
-             check the network or proxy, then re-run `cargo xtask setup`\n{}",
-            unreachable.join("\n")
-        );
-    }
-    Ok(())
 }
 
 fn rust_src() -> Result<()> {
@@ -298,7 +412,7 @@ mod tests {
         assert!(removals("Inst cpio (2.13 Debian [amd64])\n").is_empty());
     }
 
-    /// The plan for this project's packages, on this host, removes nothing.
+    /// The plan setup follows for this project's packages, on this host, removes nothing.
     #[test]
     fn installing_the_project_packages_removes_nothing_here() {
         if Command::new("apt-get").arg("--version").output().is_err() {
@@ -307,7 +421,10 @@ mod tests {
             return;
         }
         let names: Vec<&str> = PACKAGES.iter().map(|(name, _)| *name).collect();
-        let plan = simulate(&names).expect("apt-get -s");
-        assert_eq!(removals(&plan), Vec::<String>::new(), "{plan}");
+        for (apt, packages) in plan(&names).expect("a plan") {
+            let packages: Vec<&str> = packages.iter().map(String::as_str).collect();
+            let steps = apt.simulate(&packages).expect("apt-get -s");
+            assert_eq!(removals(&steps), Vec::<String>::new(), "{apt:?}: {steps}");
+        }
     }
 }
