@@ -77,6 +77,11 @@ async fn create_start_one(
         .and_then(|s| s.containers.first())
         .context("a container")?;
     let objects = ApiObjects::default();
+    // The same termination message mount evlet gives every container.
+    let dir = spec::container_dir(node, pod, &c.name);
+    std::fs::create_dir_all(&dir)?;
+    let log = dir.join(format!("{restart_count:08x}"));
+    std::fs::write(&log, b"")?;
     let config = spec::container_config(
         node,
         pod,
@@ -86,6 +91,7 @@ async fn create_start_one(
             restart_count,
             pod_ip: None,
             objects: &objects,
+            termination_log: Some(&log),
         },
     )?;
     let id = client

@@ -17,7 +17,7 @@ use crate::api::status::StatusManager;
 use crate::api::{self, ApiClient};
 use crate::cache::{self, CacheWriter, PodCache};
 use crate::config::{self, Config, PlegMode};
-use crate::diagnostics::{Diagnostics, Event};
+use crate::diagnostics::{Diagnostics, Event, EventRecorder};
 use crate::health::{self, Checks};
 use crate::machine::Machine;
 use crate::metrics::{Metrics, ModeLabel};
@@ -27,13 +27,14 @@ use crate::pleg::relist::{CHANNEL_CAPACITY, Relister};
 use crate::pleg::{
     Health, PodLifecycleEvent, RELIST_THRESHOLD, cri_events, generic, hinted, restarts,
 };
+use crate::prober::Prober;
 use crate::runtime::Runtime;
 use crate::server::{self, Served};
 use crate::source::{self, PodConfig, Source, SourceMessage};
 use crate::sync::Syncer;
 use crate::sync::objects::{EnvObjects, NoApiServer};
 use crate::sync::spec::NodeContext;
-use crate::sync_loop::{ApiState, SyncLoop};
+use crate::sync_loop::{ApiState, Inputs, SyncLoop};
 use crate::workers::{Collaborators, PodWorkers, StatusSink};
 
 /// Why the agent could not start.
@@ -79,6 +80,8 @@ pub struct Handles {
     pub ebpf: Option<Arc<EbpfSource>>,
     /// The hint set, in the hinted modes (tests ask it for counting relists).
     pub hints: Option<Arc<Hints>>,
+    /// The probe manager.
+    pub prober: Prober,
 }
 
 /// Starts the agent; it runs until `shutdown` is cancelled.
@@ -121,6 +124,14 @@ pub async fn start(
     let manager = config.api.as_ref().map(|_| StatusManager::new());
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let syncer = build_syncer(&config, client.clone(), &machine, &diagnostics);
+    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
+    let prober = Prober::new(
+        client.clone(),
+        Arc::clone(&diagnostics) as Arc<dyn EventRecorder>,
+        Arc::clone(&metrics),
+        probe_tx,
+        shutdown.child_token(),
+    );
     let workers = PodWorkers::new(
         Collaborators {
             syncer: Arc::clone(&syncer),
@@ -129,6 +140,7 @@ pub async fn start(
             hints: pleg.hints.clone(),
             status_sink: manager.clone().map(|m| m as Arc<dyn StatusSink>),
             resync: config.sync_frequency,
+            prober: prober.clone(),
         },
         done_tx,
         shutdown.child_token(),
@@ -180,8 +192,15 @@ pub async fn start(
         diagnostics,
         ebpf: pleg.ebpf,
         hints: pleg.hints,
+        prober,
     };
-    let task = tokio::spawn(sync_loop.run(src_rx, pleg_rx, done_rx, shutdown));
+    let inputs = Inputs {
+        sources: src_rx,
+        pleg: pleg_rx,
+        done: done_rx,
+        probes: probe_rx,
+    };
+    let task = tokio::spawn(sync_loop.run(inputs, shutdown));
     Ok((handles, task))
 }
 

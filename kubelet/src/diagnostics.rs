@@ -118,6 +118,21 @@ impl Event {
     }
 }
 
+/// Records Kubernetes-style events (the syncer's Pulled, Created, Started,
+/// Killing, BackOff; the prober's Unhealthy). [`Diagnostics`] implements it:
+/// the local `/events` list, forwarded to the API server in API-server mode.
+pub trait EventRecorder: Send + Sync + std::fmt::Debug {
+    /// Records `event`. Never blocks and never fails: a recorder that cannot
+    /// keep up drops events, it does not slow the caller down.
+    fn record(&self, event: Event);
+}
+
+impl EventRecorder for Diagnostics {
+    fn record(&self, event: Event) {
+        self.event(event);
+    }
+}
+
 /// The agent's diagnostic records.
 #[derive(Debug, Default)]
 pub struct Diagnostics {

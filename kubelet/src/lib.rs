@@ -11,9 +11,12 @@
 //! * [`backoff`]: CrashLoopBackOff and image pull backoff.
 //! * [`status`]: the pod status as upstream computes it (pure).
 //! * [`pleg`]: the relister (single writer of [`cache`]) and PLEG modes.
-//! * [`runtime`]: the CRI seen as pods.
+//! * [`prober`]: liveness, readiness and startup probes; [`probe`]: the checks
+//!   themselves (exec, HTTP, TCP, gRPC), shared with lifecycle hooks.
+//! * [`runtime`]: the CRI seen as pods; [`logs`]: the CRI log format.
 //! * [`server`], [`metrics`]: `/healthz`, `/pods`, `/metrics`.
-//! * [`pod`]: identity, labels, defaulting; [`cgroups`]: pod cgroup cleanup.
+//! * [`pod`]: identity, labels, defaulting; [`cgroups`]: pod cgroup cleanup;
+//!   [`vars`]: `$(VAR)` expansion.
 //! * [`api`]: API-server mode (node, lease, pod watch, status manager, mirror pods).
 //! * [`diagnostics`]: the kernel's OOM records and Kubernetes-style events.
 
@@ -27,11 +30,14 @@ pub mod config;
 pub mod diagnostics;
 pub mod health;
 pub mod lock;
+pub mod logs;
 pub mod machine;
 pub mod metrics;
 pub mod node_lock;
 pub mod pleg;
 pub mod pod;
+pub mod probe;
+pub mod prober;
 pub mod quantity;
 pub mod resources;
 pub mod runtime;
@@ -41,4 +47,5 @@ pub mod status;
 pub mod sync;
 pub mod sync_loop;
 pub mod validation;
+pub mod vars;
 pub mod workers;

@@ -50,6 +50,86 @@ pub struct OomLabel {
     pub container: String,
 }
 
+/// Label set of `prober_probe_total` (upstream's names and values).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeResultLabels {
+    /// `Liveness`, `Readiness`, `Startup`.
+    pub probe_type: String,
+    /// `successful`, `failed`, `unknown`.
+    pub result: String,
+    /// Container name.
+    pub container: String,
+    /// Pod name.
+    pub pod: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod UID.
+    pub pod_uid: String,
+}
+
+/// Label set of `prober_probe_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    /// `Liveness`, `Readiness`, `Startup`.
+    pub probe_type: String,
+    /// Container name.
+    pub container: String,
+    /// Pod name.
+    pub pod: String,
+    /// Pod namespace.
+    pub namespace: String,
+}
+
+/// The prober's metrics, on a registry of their own served at
+/// `/metrics/probes` (as upstream; they are not on `/metrics`).
+#[derive(Debug)]
+pub struct ProbeMetrics {
+    /// The `/metrics/probes` registry.
+    pub registry: Registry,
+    /// Probes run, by result (every attempt, below threshold or not).
+    pub total: Family<ProbeResultLabels, Counter>,
+    /// Seconds per healthy probe (upstream observes no failures).
+    pub duration: Family<ProbeLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for ProbeMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProbeMetrics {
+    /// Creates and registers the prober's metrics.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let total = Family::<ProbeResultLabels, Counter>::default();
+        let duration: Family<ProbeLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(buckets_seconds()));
+        registry.register(
+            "prober_probe",
+            "Cumulative number of a liveness, readiness or startup probe for a container by result.",
+            total.clone(),
+        );
+        registry.register(
+            "prober_probe_duration_seconds",
+            "Duration in seconds for a probe response.",
+            duration.clone(),
+        );
+        Self {
+            registry,
+            total,
+            duration,
+        }
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
 /// Every metric of the agent.
 #[derive(Debug)]
 pub struct Metrics {
@@ -101,6 +181,8 @@ pub struct Metrics {
     pub manifest_errors: Counter,
     /// Seconds per pod sync.
     pub pod_worker_duration: Histogram,
+    /// The prober's, served apart at `/metrics/probes`.
+    pub probes: ProbeMetrics,
 }
 
 fn buckets_seconds() -> impl Iterator<Item = f64> {
@@ -157,6 +239,7 @@ impl Metrics {
             pleg_mode: Family::default(),
             manifest_errors: Counter::default(),
             pod_worker_duration: Histogram::new(buckets_seconds()),
+            probes: ProbeMetrics::new(),
             registry: Registry::default(),
         };
         registry.register(

@@ -38,6 +38,10 @@ pub mod labels {
     pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
     /// Container annotation: the pod's grace period at creation (for orphan kills).
     pub const GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
+    /// Container annotation: where the container writes its termination message.
+    pub const TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
+    /// Container annotation: `File` or `FallbackToLogsOnError`.
+    pub const TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
     /// Container label: marks init containers (`init`, `sidecar`).
     pub const CONTAINER_KIND: &str = "evlet.io/container-kind";
     /// Pod annotation: where a static pod came from (`file`, `http`).

@@ -183,6 +183,61 @@ impl PodStatus {
     }
 }
 
+/// Upstream's `MaxContainerTerminationMessageLength`: the end of the file kept.
+const MAX_TERMINATION_MESSAGE: u64 = 4096;
+/// `FallbackToLogsOnError`: at most this many log lines, this many bytes.
+const FALLBACK_LINES: usize = 80;
+const FALLBACK_BYTES: usize = 2048;
+
+/// The runtime's message of an exited container followed by what the
+/// container wrote to its termination message file (or, with
+/// `FallbackToLogsOnError` and a failed exit, the end of its log), as
+/// upstream's `convertToKubeContainerStatus`.
+fn with_termination_message(s: &api::ContainerStatus) -> String {
+    let mut message = s.message.clone();
+    if s.state != api::ContainerState::ContainerExited as i32 {
+        return message;
+    }
+    let Some(path) = s.annotations.get(labels::TERMINATION_MESSAGE_PATH) else {
+        return message;
+    };
+    let fallback = s
+        .annotations
+        .get(labels::TERMINATION_MESSAGE_POLICY)
+        .is_some_and(|p| p == "FallbackToLogsOnError")
+        && s.exit_code != 0
+        && s.reason != "ContainerCannotRun";
+    let written = s
+        .mounts
+        .iter()
+        .find(|m| m.container_path == *path)
+        .map(|m| {
+            crate::logs::tail_bytes(std::path::Path::new(&m.host_path), MAX_TERMINATION_MESSAGE)
+        });
+    let mut text = match written {
+        Some(Ok(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+        Some(Err(e)) if e.kind() != std::io::ErrorKind::NotFound => {
+            format!("Error on reading termination log {path}: {e}")
+        }
+        _ => String::new(),
+    };
+    if text.is_empty() && fallback && !s.log_path.is_empty() {
+        text = crate::logs::last_text(
+            std::path::Path::new(&s.log_path),
+            FALLBACK_LINES,
+            FALLBACK_BYTES,
+        )
+        .unwrap_or_else(|e| format!("Error on reading termination message from logs: {e}"));
+    }
+    if !text.is_empty() {
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
+}
+
 /// A pod as a full listing shows it: IDs and states only (the relist's input).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RuntimePod {
@@ -315,8 +370,8 @@ impl Runtime {
                 started_at: s.started_at,
                 finished_at: s.finished_at,
                 exit_code: s.exit_code,
+                message: with_termination_message(&s),
                 reason: s.reason,
-                message: s.message,
                 image: s.image.map(|i| i.image).unwrap_or_default(),
                 image_ref: s.image_ref,
                 hash: label(&s.annotations, labels::CONTAINER_HASH),

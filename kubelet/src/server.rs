@@ -1,5 +1,5 @@
 //! The local HTTP endpoint: `/healthz`, `/pods` (a `v1.PodList` with statuses),
-//! `/metrics` (Prometheus text), `/events` (pod events, e.g. OOM kills with the
+//! `/metrics` (Prometheus text; the prober's on `/metrics/probes`), `/events` (pod events, e.g. OOM kills with the
 //! kernel's record), `/debug/oom` (the kernel's OOM records).
 
 use std::net::SocketAddr;
@@ -147,6 +147,15 @@ async fn metrics(State(s): State<Arc<Served>>) -> Response {
         .into_response()
 }
 
+/// The prober's metrics, apart from `/metrics` as upstream serves them.
+async fn probe_metrics(State(s): State<Arc<Served>>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        s.metrics.probes.encode(),
+    )
+        .into_response()
+}
+
 /// The router (exposed for tests).
 pub fn router(served: Arc<Served>) -> Router {
     Router::new()
@@ -154,6 +163,7 @@ pub fn router(served: Arc<Served>) -> Router {
         .route("/pods", get(pods))
         .route("/pods/{namespace}/{name}", get(pod))
         .route("/metrics", get(metrics))
+        .route("/metrics/probes", get(probe_metrics))
         .route("/events", get(events))
         .route("/debug/oom", get(ooms))
         .with_state(served)

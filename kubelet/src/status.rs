@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::clock::time_of as time;
 use crate::pod;
+use crate::probe::{PodProbes, ProbeKind, Verdict};
 use crate::resources::qos;
 use crate::runtime::{ContainerStatus, PodStatus, State};
 
@@ -37,6 +38,13 @@ pub struct Extra<'a> {
     pub failed: bool,
     /// A reason that rejected the pod (admission): the phase is Failed with it.
     pub rejected: Option<(&'a str, &'a str)>,
+    /// The prober's verdicts (ready and started follow them).
+    pub probes: Option<&'a PodProbes>,
+    /// The status published before (conditions keep their
+    /// `lastTransitionTime` while their status stays).
+    pub previous: Option<&'a V1PodStatus>,
+    /// Now (a changed condition's `lastTransitionTime`).
+    pub now: Option<Time>,
 }
 
 fn terminated(c: &ContainerStatus) -> ContainerStateTerminated {
@@ -82,10 +90,31 @@ fn state_of(c: &ContainerStatus) -> ContainerState {
     }
 }
 
+/// Started and ready as upstream's prober manager sets them: started once
+/// running and past its startup probe (if any), ready once started and past
+/// its readiness probe (if any).
+fn started_ready(
+    spec: &Container,
+    latest: Option<&ContainerStatus>,
+    probes: Option<&PodProbes>,
+) -> (bool, bool) {
+    let Some(c) = latest.filter(|c| c.state == State::Running) else {
+        return (false, false);
+    };
+    let passed = |kind: ProbeKind| {
+        kind.of(spec).is_none()
+            || probes.and_then(|p| p.get(c.id.as_str(), kind)) == Some(Verdict::Success)
+    };
+    let started = passed(ProbeKind::Startup);
+    (started, started && passed(ProbeKind::Readiness))
+}
+
 fn container_status(
     spec: &Container,
     runtime: &PodStatus,
     waiting: Option<&Waiting>,
+    probes: Option<&PodProbes>,
+    run_to_completion: bool,
 ) -> V1ContainerStatus {
     let latest = runtime.latest(&spec.name);
     let mut state = match latest {
@@ -120,14 +149,18 @@ fn container_status(
             };
         }
     }
-    let running = latest.is_some_and(|c| c.state == State::Running);
+    let (started, mut ready) = started_ready(spec, latest, probes);
+    if run_to_completion {
+        // A regular init container is ready once it completed.
+        ready = latest.is_some_and(|c| c.state == State::Exited && c.exit_code == 0);
+    }
     V1ContainerStatus {
         name: spec.name.clone(),
         image: spec.image.clone().unwrap_or_default(),
         image_id: latest.map(|c| c.image_ref.clone()).unwrap_or_default(),
         container_id: latest.map(|c| format!("containerd://{}", c.id)),
-        ready: running,
-        started: Some(running),
+        ready,
+        started: Some(started),
         restart_count: latest.map_or(0, |c| c.restart_count as i32),
         state: Some(state),
         last_state,
@@ -141,6 +174,69 @@ fn condition(kind: &str, ok: bool, reason: Option<&str>) -> PodCondition {
         status: if ok { "True" } else { "False" }.into(),
         reason: if ok { None } else { reason.map(str::to_owned) },
         ..Default::default()
+    }
+}
+
+/// A False condition with upstream's reason and message.
+fn not_ok(kind: &str, reason: &str, message: Option<String>) -> PodCondition {
+    PodCondition {
+        message,
+        ..condition(kind, false, Some(reason))
+    }
+}
+
+/// `containers with unready status: [a b]`, as upstream formats the names.
+fn unready_message(names: &[&str]) -> Option<String> {
+    (!names.is_empty()).then(|| format!("containers with unready status: [{}]", names.join(" ")))
+}
+
+/// Ready: the containers are ready and every readiness gate's condition is
+/// True (upstream's `GeneratePodReadyCondition`). The gates' conditions are
+/// set by others on the pod object (API-server mode).
+fn ready_condition(pod: &Pod, containers_ready: &PodCondition) -> PodCondition {
+    if containers_ready.status != "True" {
+        return PodCondition {
+            type_: "Ready".into(),
+            ..containers_ready.clone()
+        };
+    }
+    let current = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let messages: Vec<String> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten())
+        .filter_map(|gate| {
+            let kind = &gate.condition_type;
+            match current.into_iter().flatten().find(|c| c.type_ == *kind) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {kind:?} does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate {kind:?} is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect();
+    if messages.is_empty() {
+        condition("Ready", true, None)
+    } else {
+        not_ok("Ready", "ReadinessGatesNotReady", Some(messages.join(", ")))
+    }
+}
+
+/// Each condition keeps its previous `lastTransitionTime` while its status
+/// is the same; a changed one gets `now`.
+fn stamp(conditions: &mut [PodCondition], previous: Option<&V1PodStatus>, now: Option<&Time>) {
+    let before = previous.and_then(|p| p.conditions.as_ref());
+    for c in conditions {
+        let kept = before
+            .into_iter()
+            .flatten()
+            .find(|p| p.type_ == c.type_ && p.status == c.status)
+            .and_then(|p| p.last_transition_time.clone());
+        c.last_transition_time = kept.or_else(|| now.cloned());
     }
 }
 
@@ -206,44 +302,106 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
         .init_containers
         .iter()
         .flatten()
-        .map(|c| container_status(c, runtime, waiting(&c.name)))
+        .map(|c| {
+            let run_to_completion = !pod::is_restartable_init(c);
+            container_status(
+                c,
+                runtime,
+                waiting(&c.name),
+                extra.probes,
+                run_to_completion,
+            )
+        })
         .collect();
-    let inits_done = spec.init_containers.iter().flatten().all(|c| {
-        let latest = runtime.latest(&c.name);
-        if pod::is_restartable_init(c) {
-            latest.is_some_and(|s| s.state == State::Running || s.started_at > 0)
-        } else {
-            latest.is_some_and(|s| s.state == State::Exited && s.exit_code == 0)
-        }
-    });
+    // Initialized once every init container completed (a sidecar: started),
+    // or once an app container exists (an init container removed later does
+    // not undo it).
+    let app_seen = spec
+        .containers
+        .iter()
+        .any(|c| runtime.latest(&c.name).is_some());
+    let inits_done = app_seen
+        || spec
+            .init_containers
+            .iter()
+            .flatten()
+            .zip(&init_statuses)
+            .all(|(c, st)| {
+                if pod::is_restartable_init(c) {
+                    st.started == Some(true)
+                } else {
+                    st.ready
+                }
+            });
     let statuses: Vec<V1ContainerStatus> = spec
         .containers
         .iter()
-        .map(|c| container_status(c, runtime, waiting(&c.name)))
+        .map(|c| container_status(c, runtime, waiting(&c.name), extra.probes, false))
         .collect();
     let phase = phase(pod, runtime, inits_done, extra.failed);
     let terminal = phase == "Succeeded" || phase == "Failed";
-    let containers_ready = !terminal && statuses.iter().all(|s| s.ready);
+    // Sidecars count toward readiness, as upstream.
+    let unready: Vec<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .zip(&init_statuses)
+        .filter(|(c, _)| pod::is_restartable_init(c))
+        .map(|(_, s)| s)
+        .chain(&statuses)
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
+    let containers_ready = match (terminal, phase) {
+        (true, "Succeeded") => not_ok("ContainersReady", "PodCompleted", None),
+        (true, _) => not_ok("ContainersReady", "PodFailed", None),
+        _ if unready.is_empty() => condition("ContainersReady", true, None),
+        _ => not_ok(
+            "ContainersReady",
+            "ContainersNotReady",
+            unready_message(&unready),
+        ),
+    };
+    let ready = ready_condition(pod, &containers_ready);
     let sandbox_ready = runtime.sandboxes.first().is_some_and(|s| s.ready);
     let ip = runtime.ip().map(str::to_owned);
-    let not_ready_reason = if terminal {
-        "PodCompleted"
+    let incomplete: Vec<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .zip(&init_statuses)
+        .filter(|(c, st)| {
+            if pod::is_restartable_init(c) {
+                st.started != Some(true)
+            } else {
+                !st.ready
+            }
+        })
+        .map(|(c, _)| c.name.as_str())
+        .collect();
+    let initialized = if inits_done || terminal {
+        condition("Initialized", true, None)
     } else {
-        "ContainersNotReady"
+        not_ok(
+            "Initialized",
+            "ContainersNotInitialized",
+            Some(format!(
+                "containers with incomplete status: [{}]",
+                incomplete.join(" ")
+            )),
+        )
     };
+    let mut conditions = vec![
+        condition("PodReadyToStartContainers", sandbox_ready, None),
+        initialized,
+        ready,
+        containers_ready,
+        condition("PodScheduled", true, None),
+    ];
+    stamp(&mut conditions, extra.previous, extra.now.as_ref());
     V1PodStatus {
         phase: Some(phase.into()),
-        conditions: Some(vec![
-            condition("PodReadyToStartContainers", sandbox_ready, None),
-            condition(
-                "Initialized",
-                inits_done || terminal,
-                Some("ContainersNotInitialized"),
-            ),
-            condition("Ready", containers_ready, Some(not_ready_reason)),
-            condition("ContainersReady", containers_ready, Some(not_ready_reason)),
-            condition("PodScheduled", true, None),
-        ]),
+        conditions: Some(conditions),
         host_ip: extra.host_ip.map(str::to_owned),
         pod_ip: ip.clone(),
         pod_ips: ip.map(|ip| vec![PodIP { ip }]),
@@ -353,6 +511,85 @@ mod tests {
         );
         assert_eq!(st.pod_ip.as_deref(), Some("10.88.0.5"));
         assert_eq!(st.qos_class.as_deref(), Some("BestEffort"));
+    }
+
+    #[test]
+    fn ready_follows_the_readiness_probe_and_the_readiness_gates() {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {
+                "readinessGates": [{"conditionType": "example.com/lb"}],
+                "containers": [{"name": "app", "image": "i", "readinessProbe": {"exec": {"command": ["true"]}}}]
+            }
+        }))
+        .expect("pod");
+        let rt = runtime(vec![instance("app", State::Running, 0, "", 0, 20)]);
+        let id = rt.containers[0].id.as_str().to_owned();
+        let mut probes = PodProbes::default();
+        let now = crate::clock::time_of(1_000_000_000_000_000_000);
+        let st = compute(
+            &p,
+            &rt,
+            &Extra {
+                probes: Some(&probes),
+                now: now.clone(),
+                ..Default::default()
+            },
+        );
+        let app = &st.container_statuses.as_ref().expect("statuses")[0];
+        assert_eq!((app.ready, app.started), (false, Some(true)));
+        let containers_ready = st
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "ContainersReady")
+            .expect("condition");
+        assert_eq!(
+            containers_ready.message.as_deref(),
+            Some("containers with unready status: [app]")
+        );
+        assert_eq!(containers_ready.last_transition_time, now);
+
+        probes.set(&id, ProbeKind::Readiness, Verdict::Success);
+        let later = crate::clock::time_of(1_000_000_005_000_000_000);
+        let extra = Extra {
+            probes: Some(&probes),
+            previous: Some(&st),
+            now: later.clone(),
+            ..Default::default()
+        };
+        let st2 = compute(&p, &rt, &extra);
+        assert_eq!(cond(&st2, "ContainersReady"), "True");
+        let ready = st2
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .expect("Ready")
+            .clone();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_deref()),
+            ("False", Some("ReadinessGatesNotReady"))
+        );
+        let scheduled = |s: &V1PodStatus| {
+            s.conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "PodScheduled")
+                .and_then(|c| c.last_transition_time.clone())
+        };
+        assert_eq!(
+            scheduled(&st2),
+            now,
+            "an unchanged condition keeps its time"
+        );
+
+        p.status = Some(V1PodStatus {
+            conditions: Some(vec![condition("example.com/lb", true, None)]),
+            ..Default::default()
+        });
+        let st3 = compute(&p, &rt, &extra);
+        assert_eq!(cond(&st3, "Ready"), "True");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The sync loop (upstream's `syncLoop`): one task that `select!`s over pod
-//! updates from the sources, PLEG events, finished workers, the housekeeping
+//! updates from the sources, PLEG events, probe verdicts, finished workers, the housekeeping
 //! tick (2 s: orphan pods, backoff GC) and the container GC tick (1 min). It
 //! never blocks on the runtime: every runtime call happens in a pod worker or
 //! the PLEG.
@@ -21,6 +21,8 @@ use crate::metrics::Metrics;
 use crate::pleg::PodLifecycleEvent;
 use crate::pleg::hints::Hints;
 use crate::pod::{self, PodUid, labels};
+use crate::probe::{ProbeKind, Verdict};
+use crate::prober::ProbeUpdate;
 use crate::server::Served;
 use crate::source::{Op, PodConfig, PodUpdate, Source, SourceMessage};
 use crate::sync::Syncer;
@@ -30,6 +32,19 @@ use crate::workers::{PodWorkers, UpdateKind};
 pub const HOUSEKEEPING: Duration = Duration::from_secs(2);
 /// Upstream's `ContainerGCPeriod`.
 pub const CONTAINER_GC: Duration = Duration::from_secs(60);
+
+/// What the sync loop listens to.
+#[derive(Debug)]
+pub struct Inputs {
+    /// Pod sources' snapshots and changes.
+    pub sources: mpsc::Receiver<SourceMessage>,
+    /// PLEG events.
+    pub pleg: mpsc::Receiver<PodLifecycleEvent>,
+    /// Workers that finished (their pods are gone).
+    pub done: mpsc::UnboundedReceiver<PodUid>,
+    /// Probe verdicts that changed.
+    pub probes: mpsc::UnboundedReceiver<ProbeUpdate>,
+}
 
 /// The sync loop's state.
 #[derive(Debug)]
@@ -72,13 +87,13 @@ pub struct ApiState {
 impl SyncLoop {
     /// Runs until `shutdown`: pod updates from the sources, PLEG events,
     /// finished workers, housekeeping and container GC.
-    pub async fn run(
-        mut self,
-        mut sources: mpsc::Receiver<SourceMessage>,
-        mut pleg: mpsc::Receiver<PodLifecycleEvent>,
-        mut done: mpsc::UnboundedReceiver<PodUid>,
-        shutdown: CancellationToken,
-    ) {
+    pub async fn run(mut self, inputs: Inputs, shutdown: CancellationToken) {
+        let Inputs {
+            mut sources,
+            mut pleg,
+            mut done,
+            mut probes,
+        } = inputs;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
         let mut gc = tokio::time::interval(CONTAINER_GC);
         let mut sources_open = true;
@@ -103,6 +118,7 @@ impl SyncLoop {
                     None => sources_open = false,
                 },
                 Some(event) = pleg.recv() => self.handle_pleg(event),
+                Some(update) = probes.recv() => self.handle_probe(update),
                 Some(uid) = done.recv() => {
                     self.workers.forget(&uid);
                     if let Some(api) = &mut self.api
@@ -264,6 +280,20 @@ impl SyncLoop {
             return;
         }
         if let Some(pod) = self.pods.get(&event.uid) {
+            self.workers.update(pod.clone(), UpdateKind::Sync);
+        }
+    }
+
+    /// A changed probe verdict syncs its pod at once (upstream's
+    /// `handleProbeSync`): SyncPod restarts a container that failed its
+    /// liveness or startup probe, and the status shows readiness. A liveness
+    /// success changes nothing.
+    fn handle_probe(&mut self, update: ProbeUpdate) {
+        if update.kind == ProbeKind::Liveness && update.verdict == Verdict::Success {
+            return;
+        }
+        if let Some(pod) = self.pods.get(&update.uid) {
+            tracing::debug!(pod = %pod::key(pod), container = %update.container, probe = update.kind.as_str(), verdict = ?update.verdict, "probe verdict changed");
             self.workers.update(pod.clone(), UpdateKind::Sync);
         }
     }

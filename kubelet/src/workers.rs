@@ -24,7 +24,9 @@ use crate::lock::lock;
 use crate::metrics::Metrics;
 use crate::pleg::hints::Hints;
 use crate::pod::{self, PodUid};
-use crate::runtime::PodStatus;
+use crate::probe::PodProbes;
+use crate::prober::{Instance, Prober, Target};
+use crate::runtime::{PodStatus, State};
 use crate::status;
 use crate::status::Waiting;
 use crate::sync::actions::SpecHashes;
@@ -59,6 +61,8 @@ pub struct Collaborators {
     pub status_sink: Option<Arc<dyn StatusSink>>,
     /// Mean period of a pod's periodic sync (`syncFrequency`).
     pub resync: Duration,
+    /// Probes the pods' containers; its verdicts drive ready and restarts.
+    pub prober: Prober,
 }
 
 /// What an update asks for.
@@ -124,6 +128,8 @@ struct Shared {
     resync: Duration,
     /// Where computed statuses also go (API-server mode).
     status_sink: Option<Arc<dyn StatusSink>>,
+    /// Probes the pods' containers.
+    prober: Prober,
     shutdown: CancellationToken,
 }
 
@@ -156,6 +162,7 @@ impl PodWorkers {
                 hints: c.hints,
                 resync: c.resync,
                 status_sink: c.status_sink,
+                prober: c.prober,
                 shutdown,
             }),
         }
@@ -267,7 +274,8 @@ impl Worker {
 
     /// Computes and publishes the status, unless its inputs are the ones of
     /// the last publish (a periodic sync of a quiet pod: the same pod, the same
-    /// cached runtime status, the same waiting reasons): then nothing changed.
+    /// cached runtime status, the same waiting reasons and probe verdicts):
+    /// then nothing changed. What was published goes to the prober too.
     fn publish(
         &self,
         memo: &mut Option<Published>,
@@ -276,6 +284,7 @@ impl Worker {
         extra: &status::Extra<'_>,
         phase: Phase,
     ) {
+        let probes = self.shared.prober.verdicts(&self.uid);
         let inputs = Published {
             pod: Arc::clone(pod),
             runtime: Arc::clone(runtime),
@@ -284,11 +293,22 @@ impl Worker {
             host_ip: extra.host_ip.map(str::to_owned),
             failed: extra.failed,
             phase,
+            probes,
+            status: None,
         };
         if memo.as_ref().is_some_and(|m| m.same(&inputs)) {
             return;
         }
-        let computed = status::compute(pod, runtime, extra);
+        let extra = status::Extra {
+            probes: Some(&inputs.probes),
+            previous: memo.as_ref().and_then(|m| m.status.as_ref()),
+            now: Some(now_time()),
+            ..extra.clone()
+        };
+        let computed = status::compute(pod, runtime, &extra);
+        self.shared
+            .prober
+            .observe(&self.uid, probe_target(pod, runtime, &computed));
         if let Some(sink) = &self.shared.status_sink {
             sink.set(pod, &computed);
         }
@@ -296,11 +316,14 @@ impl Worker {
             self.uid.clone(),
             PodView {
                 pod: Arc::clone(pod),
-                status: computed,
+                status: computed.clone(),
                 phase,
             },
         );
-        *memo = Some(inputs);
+        *memo = Some(Published {
+            status: Some(computed),
+            ..inputs
+        });
     }
 
     /// Waits for a cache entry newer than `since`, unless shutting down. In the
@@ -391,13 +414,16 @@ impl Worker {
                         t.clone()
                     };
                     let started = Instant::now();
+                    // Probe the pod's containers (idempotent), and act on the verdicts.
+                    self.shared.prober.add_pod(&current);
+                    let probes = self.shared.prober.verdicts(&self.uid);
                     self.sync_started();
                     // Boxed, like the two below: a sync's future is tens of KiB,
                     // and inline it would make every idle worker that large.
                     let result = Box::pin(
                         self.shared
                             .syncer
-                            .sync_pod(&current, &runtime, &hashes, &token),
+                            .sync_pod(&current, &runtime, &hashes, &probes, &token),
                     )
                     .await;
                     // Upstream stamps the end: a relist made while the sync ran may show
@@ -437,6 +463,8 @@ impl Worker {
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
+                    // Readiness is still probed while the pod terminates (upstream).
+                    self.shared.prober.stop_liveness_and_startup(&current);
                     self.sync_started();
                     let result =
                         Box::pin(self.shared.syncer.kill_pod(&current, &runtime, grace)).await;
@@ -458,7 +486,7 @@ impl Worker {
                         start_time: Some(start_time.clone()),
                         host_ip: host_ip.as_deref(),
                         failed,
-                        rejected: None,
+                        ..Default::default()
                     };
                     let phase = *lock(&self.phase);
                     self.publish(&mut published, &current, &runtime, &extra, phase);
@@ -475,6 +503,7 @@ impl Worker {
                     last_sync = Some(Instant::now());
                     match result {
                         Ok(()) => {
+                            self.shared.prober.remove_pod(&self.uid);
                             tracing::info!(pod = %pod::key(&current), "pod removed");
                             let _ = self.shared.done.send(self.uid.clone());
                             return;
@@ -490,7 +519,7 @@ impl Worker {
     }
 }
 
-/// The inputs of the last published status.
+/// The inputs of the last published status, and what it was.
 #[derive(Debug)]
 struct Published {
     pod: Arc<Pod>,
@@ -500,6 +529,9 @@ struct Published {
     host_ip: Option<String>,
     failed: bool,
     phase: Phase,
+    probes: PodProbes,
+    /// The status published (None in a candidate not yet computed).
+    status: Option<V1PodStatus>,
 }
 
 impl Published {
@@ -511,6 +543,38 @@ impl Published {
             && self.host_ip == other.host_ip
             && self.failed == other.failed
             && self.phase == other.phase
+            && self.probes == other.probes
+    }
+}
+
+/// What the prober probes: the pod's IP, whether it is over, and the newest
+/// instance of each container.
+fn probe_target(pod: &Pod, runtime: &PodStatus, computed: &V1PodStatus) -> Target {
+    let containers = pod
+        .spec
+        .iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .filter_map(|c| {
+            let latest = runtime.latest(&c.name)?;
+            Some((
+                c.name.clone(),
+                Instance {
+                    id: latest.id.as_str().to_owned(),
+                    running: latest.state == State::Running,
+                    terminated: latest.state == State::Exited,
+                    started_at: latest.started_at,
+                },
+            ))
+        })
+        .collect();
+    Target {
+        ip: computed.pod_ip.clone(),
+        terminal: matches!(computed.phase.as_deref(), Some("Succeeded" | "Failed")),
+        containers,
     }
 }
 
@@ -526,6 +590,6 @@ fn sync_extra<'a>(
         start_time: Some(start_time.clone()),
         host_ip,
         failed,
-        rejected: None,
+        ..Default::default()
     }
 }

@@ -190,19 +190,30 @@ async fn rig_with(exit_lag: Duration, source: Source) -> Rig {
         memory_capacity: 1 << 30,
     };
     let (done_tx, _done) = mpsc::unbounded_channel();
+    let diagnostics = Arc::new(evlet::diagnostics::Diagnostics::default());
+    // No probes in these pods: the prober's updates go nowhere.
+    let (probe_tx, _) = mpsc::unbounded_channel();
+    let prober = evlet::prober::Prober::new(
+        client.clone(),
+        Arc::clone(&diagnostics) as _,
+        Arc::clone(&metrics),
+        probe_tx,
+        shutdown.clone(),
+    );
     let workers = PodWorkers::new(
         Collaborators {
             syncer: Arc::new(Syncer::new(
                 client,
                 node,
                 Arc::new(NoApiServer),
-                Arc::new(evlet::diagnostics::Diagnostics::default()),
+                diagnostics,
             )),
             cache: reader,
             metrics: Arc::clone(&metrics),
             hints: Some(Arc::clone(&hints)),
             status_sink: None,
             resync: evlet::workers::RESYNC,
+            prober,
         },
         done_tx,
         shutdown.clone(),

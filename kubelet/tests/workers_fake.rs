@@ -2,131 +2,16 @@
 //! relist every 20 ms: fast, unprivileged tests of sync, ordering, duplicate
 //! avoidance, and kill-during-sync.
 
-use std::sync::Arc;
+#[path = "support/rig.rs"]
+mod rig;
+
 use std::time::Duration;
 
-use evlet::cache;
-use evlet::metrics::Metrics;
-use evlet::pleg::relist::Relister;
-use evlet::pleg::{Health, generic};
 use evlet::pod::PodUid;
-use evlet::runtime::Runtime;
-use evlet::sync::Syncer;
-use evlet::sync::objects::NoApiServer;
-use evlet::sync::spec::NodeContext;
-use evlet::workers::{Collaborators, PodWorkers, UpdateKind};
-use evlet_cri::fake::{FakeServer, Fault};
-use evlet_cri::{Options, RuntimeClient};
+use evlet::workers::UpdateKind;
+use evlet_cri::fake::Fault;
 use evlet_testkit::{eventually, within};
-use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-
-const IMAGE: &str = "evlet.local/test:v1";
-
-struct Rig {
-    server: FakeServer,
-    workers: PodWorkers,
-    done: mpsc::UnboundedReceiver<PodUid>,
-    /// The pods the mini sync loop knows.
-    pods: Arc<std::sync::Mutex<Vec<Pod>>>,
-    shutdown: CancellationToken,
-    _root: tempfile::TempDir,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn rig() -> Rig {
-    let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
-    let client = RuntimeClient::connect(&server.endpoint(), Options::default()).expect("endpoint");
-    let root = tempfile::tempdir().expect("root");
-    let metrics = Arc::new(Metrics::new());
-    let (writer, reader) = cache::new();
-    let (events, mut events_rx) = mpsc::channel(1000);
-    let shutdown = CancellationToken::new();
-    let relister = Relister::new(
-        Runtime::new(client.clone()),
-        writer,
-        events,
-        Arc::clone(&metrics),
-        Arc::new(Health::default()),
-    );
-    tokio::spawn(generic::run(
-        relister,
-        Duration::from_millis(20),
-        shutdown.clone(),
-    ));
-    let node = NodeContext {
-        node_name: "n".into(),
-        root_dir: root.path().to_path_buf(),
-        pods_cgroup: "/evlet-fake/kubepods".into(),
-        host_ip: None,
-        memory_capacity: 1 << 30,
-    };
-    let (done_tx, done) = mpsc::unbounded_channel();
-    let workers = PodWorkers::new(
-        Collaborators {
-            syncer: Arc::new(Syncer::new(
-                client,
-                node,
-                Arc::new(NoApiServer),
-                Arc::new(evlet::diagnostics::Diagnostics::default()),
-            )),
-            cache: reader,
-            metrics,
-            hints: None,
-            status_sink: None,
-            resync: evlet::workers::RESYNC,
-        },
-        done_tx,
-        shutdown.clone(),
-    );
-    // A minimal sync loop: every PLEG event wakes the pod's worker.
-    let w = workers.clone();
-    let pods: Arc<std::sync::Mutex<Vec<Pod>>> = Arc::default();
-    let known = Arc::clone(&pods);
-    tokio::spawn(async move {
-        while let Some(e) = events_rx.recv().await {
-            let pod = known
-                .lock()
-                .expect("pods")
-                .iter()
-                .find(|p| p.metadata.uid.as_deref() == Some(&e.uid.0))
-                .cloned();
-            if let Some(p) = pod {
-                w.update(p, UpdateKind::Sync);
-            }
-        }
-    });
-    Rig {
-        server,
-        workers,
-        done,
-        pods,
-        shutdown,
-        _root: root,
-    }
-}
-
-/// Registers `pod` with the mini sync loop and sends its first update.
-fn add(rig: &Rig, pod: &Pod) {
-    rig.pods.lock().expect("pods").push(pod.clone());
-    rig.workers.update(pod.clone(), UpdateKind::Sync);
-}
-
-fn pod(uid: &str, yaml_containers: &str) -> Pod {
-    serde_yaml::from_str(&format!("metadata: {{name: {uid}, namespace: default, uid: {uid}}}\nspec:\n  terminationGracePeriodSeconds: 1\n{yaml_containers}")).expect("pod")
-}
-
-fn phase(rig: &Rig, uid: &str) -> Option<String> {
-    rig.workers
-        .view(&PodUid::from(uid))
-        .and_then(|v| v.status.phase)
-}
+use rig::{IMAGE, add, phase, pod, rig};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn many_updates_create_each_container_once() {

@@ -1,5 +1,7 @@
-//! `cargo xtask bench`: the probes' own latency and cost (`bench/src/bin/probe_latency.rs`),
-//! then the PLEG modes side by side (`bench/src/bin/pleg_modes.rs`).
+//! `cargo xtask bench`: the eBPF probes' own latency and cost
+//! (`bench/src/bin/probe_latency.rs`), then the PLEG modes side by side
+//! (`bench/src/bin/pleg_modes.rs`); `--suite probes`: what liveness and
+//! readiness probing costs at density (`bench/src/bin/probe_cost.rs`).
 //!
 //! Sets up, builds evlet (release; `--quick` uses the debug build the tests
 //! already made), brings up the containerd 1.7 node (every mode, `cri-events`
@@ -26,6 +28,20 @@ pub struct Options {
     /// harness (CI), numbers are not for comparison.
     #[arg(long)]
     quick: bool,
+    /// What to measure: `pleg` (the PLEG modes), `probes` (probe cost), or `all`.
+    #[arg(long, value_enum, default_value = "pleg")]
+    suite: Suite,
+}
+
+/// The benchmark suites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    /// The eBPF probes' latency and the PLEG modes side by side.
+    Pleg,
+    /// What liveness and readiness probes cost at 100 and 500 pods.
+    Probes,
+    /// Both.
+    All,
 }
 
 impl Options {
@@ -35,6 +51,7 @@ impl Options {
             pods: vec![10],
             modes: ["generic", "cri-events", "ebpf"].map(String::from).to_vec(),
             quick: true,
+            suite: Suite::All,
         }
     }
 }
@@ -67,43 +84,33 @@ pub fn bench(options: &Options) -> Result<()> {
     if options.quick {
         command = "cargo xtask bench --quick".into();
     }
-    let mut probes = vec!["run", "--locked", "-q", "-p", "evlet-bench"];
-    if !options.quick {
-        probes.push("--release");
-    }
-    probes.extend(["--bin", "probe_latency", "--"]);
-    if options.quick {
-        probes.push("--quick");
-    }
-    sh::run(cargo(&probes).arg("--out").arg(&out)).context("the probe benchmark failed")?;
-    let node = Node::new(Version::V1_7);
-    let result = node.up().and_then(|()| {
-        let pods = if options.quick {
-            "10".to_owned()
-        } else {
-            join(&options.pods)
-        };
-        let modes = join(&options.modes);
-        let mut args = vec!["run", "--locked", "-q", "-p", "evlet-bench"];
+    let pleg = matches!(options.suite, Suite::Pleg | Suite::All);
+    let probe_cost = matches!(options.suite, Suite::Probes | Suite::All);
+    if pleg {
+        let mut probes = vec!["run", "--locked", "-q", "-p", "evlet-bench"];
         if !options.quick {
-            args.push("--release");
+            probes.push("--release");
         }
-        args.extend([
-            "--bin",
-            "pleg_modes",
-            "--",
-            "--pods",
-            &pods,
-            "--modes",
-            &modes,
-            "--profile",
-            profile,
-            "--command",
-            &command,
-        ]);
+        probes.extend(["--bin", "probe_latency", "--"]);
         if options.quick {
-            args.push("--quick");
+            probes.push("--quick");
         }
+        sh::run(cargo(&probes).arg("--out").arg(&out)).context("the probe benchmark failed")?;
+    }
+    let node = Node::new(Version::V1_7);
+    let harness = |bin: &str, extra: Vec<String>| -> Result<()> {
+        let mut args: Vec<String> = ["run", "--locked", "-q", "-p", "evlet-bench"]
+            .map(String::from)
+            .to_vec();
+        if !options.quick {
+            args.push("--release".into());
+        }
+        args.extend(["--bin".into(), bin.into(), "--".into()]);
+        args.extend(extra);
+        if options.quick {
+            args.push("--quick".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut cmd = cargo(&args);
         cmd.envs(node.env())
             .arg("--evlet")
@@ -112,7 +119,38 @@ pub fn bench(options: &Options) -> Result<()> {
             .arg(&out)
             .arg("--work")
             .arg(repo.join("target/bench/work"));
-        sh::run(&mut cmd).context("the benchmark failed")
+        sh::run(&mut cmd).with_context(|| format!("the benchmark {bin} failed"))
+    };
+    let result = node.up().and_then(|()| {
+        if pleg {
+            let pods = if options.quick {
+                "10".to_owned()
+            } else {
+                join(&options.pods)
+            };
+            harness(
+                "pleg_modes",
+                vec![
+                    "--pods".into(),
+                    pods,
+                    "--modes".into(),
+                    join(&options.modes),
+                    "--profile".into(),
+                    profile.into(),
+                    "--command".into(),
+                    command.clone(),
+                ],
+            )?;
+        }
+        if probe_cost {
+            let command = if options.quick {
+                "cargo xtask bench --suite probes --quick".to_owned()
+            } else {
+                "cargo xtask bench --suite probes".to_owned()
+            };
+            harness("probe_cost", vec!["--command".into(), command])?;
+        }
+        Ok(())
     });
     let down = node.down();
     result?;

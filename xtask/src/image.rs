@@ -66,7 +66,7 @@ pub fn build_all() -> Result<Vec<(&'static str, PathBuf)>> {
     Ok(out)
 }
 
-/// Builds `pause`, `memhog`, `burst` and `now` as static binaries.
+/// Builds `pause`, `memhog`, `burst`, `now` and `grpc-health` as static binaries.
 fn build_tools() -> Result<PathBuf> {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(paths::repo())
@@ -119,6 +119,7 @@ fn layer(tools: &Path) -> Result<Vec<u8>> {
         ("memhog", "bin/memhog"),
         ("burst", "bin/burst"),
         ("now", "bin/now"),
+        ("grpc-health", "bin/grpc-health"),
     ] {
         let bytes = fs::read(tools.join(program))
             .with_context(|| format!("cannot read the built {program}"))?;

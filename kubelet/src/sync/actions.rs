@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::spec::container_hash;
 use crate::pod;
+use crate::probe::{PodProbes, ProbeKind, Verdict};
 use crate::runtime::{PodStatus, State};
 
 /// A container to start, by its place in the spec.
@@ -31,8 +32,10 @@ pub struct Kill {
     pub id: ContainerId,
     /// Its name in the spec.
     pub name: String,
-    /// Why (for logs and events).
+    /// Why (the `Killing` event's message, upstream's words).
     pub reason: String,
+    /// The probe that failed, if that is why (its `terminationGracePeriodSeconds` applies).
+    pub probe: Option<ProbeKind>,
 }
 
 /// What SyncPod will do.
@@ -98,13 +101,18 @@ impl SpecHashes {
     }
 }
 
-/// Computes the actions for `pod` given its runtime `status`.
+/// Computes the actions for `pod` given its runtime `status` (no probe verdicts).
 pub fn compute(pod: &Pod, status: &PodStatus) -> PodActions {
-    compute_with(pod, status, &SpecHashes::of(pod))
+    compute_with(pod, status, &SpecHashes::of(pod), &PodProbes::default())
 }
 
-/// [`compute`] with the pod's spec hashes already known.
-pub fn compute_with(pod: &Pod, status: &PodStatus, hashes: &SpecHashes) -> PodActions {
+/// [`compute`] with the pod's spec hashes known and the prober's verdicts.
+pub fn compute_with(
+    pod: &Pod,
+    status: &PodStatus,
+    hashes: &SpecHashes,
+    probes: &PodProbes,
+) -> PodActions {
     let mut actions = PodActions::default();
     let Some(spec) = &pod.spec else {
         return actions;
@@ -141,23 +149,66 @@ pub fn compute_with(pod: &Pod, status: &PodStatus, hashes: &SpecHashes) -> PodAc
     }
     actions.sandbox = status.sandboxes.first().map(|s| s.id.clone());
 
-    // Init containers, in order. Sidecars (restartPolicy: Always) are started and
-    // then passed; a regular one must exit 0 before the next starts.
+    // Init containers, in order. A sidecar (restartPolicy: Always) is started
+    // and holds back the next init container until it has started (running,
+    // and past its startup probe if it has one); a regular one must exit 0
+    // before the next starts. Once an app container exists the pod has been
+    // initialized: only sidecars are kept running then.
+    let initialized = spec
+        .containers
+        .iter()
+        .any(|c| status.latest(&c.name).is_some());
     let mut inits_done = true;
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
         let latest = status.latest(&c.name);
         if pod::is_restartable_init(c) {
-            match latest.map(|s| s.state) {
-                Some(State::Running) => {
-                    if latest.is_some_and(|s| s.hash != *hashes.get(c)) {
-                        actions
-                            .kill
-                            .push(kill(latest, c, "Container spec hash changed"));
-                        actions.start.push(Target::Init(i));
-                    }
+            let Some(running) = latest.filter(|s| s.state == State::Running) else {
+                actions.start.push(Target::Init(i));
+                if initialized {
+                    continue;
                 }
-                _ => actions.start.push(Target::Init(i)),
+                inits_done = false;
+                break;
+            };
+            let verdict = |kind| probes.get(running.id.as_str(), kind);
+            if running.hash != *hashes.get(c) {
+                actions.kill.push(kill(
+                    latest,
+                    c,
+                    &format!("Init container {} definition changed", c.name),
+                    None,
+                ));
+                actions.start.push(Target::Init(i));
+                if !initialized {
+                    inits_done = false;
+                    break;
+                }
+                continue;
             }
+            if c.startup_probe.is_some() && verdict(ProbeKind::Startup) != Some(Verdict::Success) {
+                if verdict(ProbeKind::Startup) == Some(Verdict::Failure) {
+                    let reason = format!("Init container {} failed startup probe", c.name);
+                    actions
+                        .kill
+                        .push(kill(latest, c, &reason, Some(ProbeKind::Startup)));
+                    actions.start.push(Target::Init(i));
+                }
+                if !initialized {
+                    inits_done = false;
+                    break;
+                }
+                continue;
+            }
+            if verdict(ProbeKind::Liveness) == Some(Verdict::Failure) {
+                let reason = format!("Init container {} failed liveness probe", c.name);
+                actions
+                    .kill
+                    .push(kill(latest, c, &reason, Some(ProbeKind::Liveness)));
+                actions.start.push(Target::Init(i));
+            }
+            continue;
+        }
+        if initialized {
             continue;
         }
         match latest.map(|s| (s.state, s.exit_code)) {
@@ -183,25 +234,41 @@ pub fn compute_with(pod: &Pod, status: &PodStatus, hashes: &SpecHashes) -> PodAc
     }
 
     let mut keep = 0;
+    let restart = policy != "Never";
     for (i, c) in spec.containers.iter().enumerate() {
         let latest = status.latest(&c.name);
         match latest.map(|s| s.state) {
             None => actions.start.push(Target::App(i)),
             Some(State::Running) => {
-                if latest.is_some_and(|s| s.hash != *hashes.get(c)) {
+                let id = latest.map_or("", |s| s.id.as_str());
+                let (why, probe) = if latest.is_some_and(|s| s.hash != *hashes.get(c)) {
+                    // A changed spec restarts the container whatever the policy.
                     actions
                         .kill
-                        .push(kill(latest, c, "Container spec hash changed"));
+                        .push(kill(latest, c, "Container spec hash changed", None));
                     actions.start.push(Target::App(i));
+                    continue;
+                } else if probes.get(id, ProbeKind::Liveness) == Some(Verdict::Failure) {
+                    ("liveness", ProbeKind::Liveness)
+                } else if probes.get(id, ProbeKind::Startup) == Some(Verdict::Failure) {
+                    ("startup", ProbeKind::Startup)
                 } else {
                     keep += 1;
+                    continue;
+                };
+                let mut reason = format!("Container {} failed {why} probe", c.name);
+                if restart {
+                    reason.push_str(", will be restarted");
+                    actions.start.push(Target::App(i));
                 }
+                actions.kill.push(kill(latest, c, &reason, Some(probe)));
             }
             Some(State::Created | State::Unknown) => {
                 actions.kill.push(kill(
                     latest,
                     c,
                     "Container is in an unknown or created-but-not-started state",
+                    None,
                 ));
                 actions.start.push(Target::App(i));
             }
@@ -220,13 +287,19 @@ pub fn compute_with(pod: &Pod, status: &PodStatus, hashes: &SpecHashes) -> PodAc
     actions
 }
 
-fn kill(latest: Option<&crate::runtime::ContainerStatus>, c: &Container, reason: &str) -> Kill {
+fn kill(
+    latest: Option<&crate::runtime::ContainerStatus>,
+    c: &Container,
+    reason: &str,
+    probe: Option<ProbeKind>,
+) -> Kill {
     Kill {
         id: latest
             .map(|s| s.id.clone())
             .unwrap_or_else(|| ContainerId::new("")),
         name: c.name.clone(),
         reason: reason.to_owned(),
+        probe,
     }
 }
 
@@ -334,14 +407,74 @@ mod tests {
     }
 
     #[test]
-    fn sidecars_start_without_blocking_the_next_init_container() {
+    fn a_sidecar_holds_the_next_init_container_until_it_runs() {
         let p = pod("Always", &["side", "one"], &["app"]);
         let s = with_sandbox();
-        assert_eq!(compute(&p, &s).start, [Target::Init(0), Target::Init(1)]);
+        assert_eq!(compute(&p, &s).start, [Target::Init(0)]);
         let mut s = with_sandbox();
         add(&mut s, &p, "side", State::Running, 0);
+        assert_eq!(compute(&p, &s).start, [Target::Init(1)]);
         add(&mut s, &p, "one", State::Exited, 0);
         assert_eq!(compute(&p, &s).start, [Target::App(0)]);
+    }
+
+    #[test]
+    fn a_sidecar_with_a_startup_probe_holds_until_the_probe_passes() {
+        let mut p = pod("Always", &["side", "one"], &["app"]);
+        if let Some(init) = p.spec.as_mut().and_then(|s| s.init_containers.as_mut()) {
+            init[0].startup_probe =
+                serde_json::from_value(serde_json::json!({"exec": {"command": ["true"]}})).ok();
+        }
+        let mut s = with_sandbox();
+        add(&mut s, &p, "side", State::Running, 0);
+        let id = s.containers[0].id.as_str().to_owned();
+        let mut probes = PodProbes::default();
+        let hashes = SpecHashes::of(&p);
+        assert!(
+            compute_with(&p, &s, &hashes, &probes).start.is_empty(),
+            "no verdict yet"
+        );
+        probes.set(&id, ProbeKind::Startup, Verdict::Success);
+        assert_eq!(
+            compute_with(&p, &s, &hashes, &probes).start,
+            [Target::Init(1)]
+        );
+        probes.set(&id, ProbeKind::Startup, Verdict::Failure);
+        let a = compute_with(&p, &s, &hashes, &probes);
+        assert_eq!(a.start, [Target::Init(0)]);
+        assert_eq!(a.kill[0].reason, "Init container side failed startup probe");
+    }
+
+    #[test]
+    fn a_failed_liveness_probe_kills_and_restarts_under_the_policy() {
+        for (policy, restarts) in [("Always", true), ("OnFailure", true), ("Never", false)] {
+            let p = pod(policy, &[], &["app", "other"]);
+            let mut s = with_sandbox();
+            add(&mut s, &p, "other", State::Running, 0);
+            add(&mut s, &p, "app", State::Running, 0);
+            let id = s.containers[0].id.as_str().to_owned();
+            let mut probes = PodProbes::default();
+            probes.set(&id, ProbeKind::Liveness, Verdict::Failure);
+            let a = compute_with(&p, &s, &SpecHashes::of(&p), &probes);
+            let expected = if restarts {
+                "Container app failed liveness probe, will be restarted"
+            } else {
+                "Container app failed liveness probe"
+            };
+            assert_eq!(
+                (a.kill.len(), a.kill[0].reason.as_str(), a.kill[0].probe),
+                (1, expected, Some(ProbeKind::Liveness)),
+                "{policy}"
+            );
+            assert_eq!(a.start.contains(&Target::App(0)), restarts, "{policy}");
+            probes.set(&id, ProbeKind::Liveness, Verdict::Success);
+            assert!(
+                compute_with(&p, &s, &SpecHashes::of(&p), &probes)
+                    .kill
+                    .is_empty(),
+                "a passing probe kills nothing"
+            );
+        }
     }
 
     #[test]

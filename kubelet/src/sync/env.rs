@@ -360,37 +360,7 @@ pub fn build(
     Ok(out)
 }
 
-/// Expands `$(VAR)` from `env`; `$$(VAR)` escapes; unknown references stay as written.
-pub fn expand(input: &str, env: &BTreeMap<String, String>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        if let Some(escaped) = after.strip_prefix('$') {
-            out.push('$');
-            rest = escaped;
-        } else if let Some(inner) = after.strip_prefix('(')
-            && let Some(end) = inner.find(')')
-        {
-            let name = &inner[..end];
-            match env.get(name) {
-                Some(v) => out.push_str(v),
-                None => {
-                    out.push_str("$(");
-                    out.push_str(name);
-                    out.push(')');
-                }
-            }
-            rest = &inner[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
+pub use crate::vars::expand;
 
 #[cfg(test)]
 mod tests {

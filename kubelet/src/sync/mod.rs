@@ -3,17 +3,20 @@
 //! * [`actions`]: what to do (pure).
 //! * [`spec`]: pod spec → CRI sandbox and container configs (pure).
 //! * [`env`]: environment and the downward API (pure).
-//! * [`objects`], [`recorder`]: what the syncer needs from outside (ConfigMaps
-//!   and Secrets, an event recorder), as traits its constructor takes.
+//! * [`objects`]: what the syncer needs from outside (ConfigMaps and
+//!   Secrets), as a trait its constructor takes; events go to a
+//!   [`crate::diagnostics::EventRecorder`].
 //! * [`volumes`]: the volume directories a pod needs (IO).
-//! * [`terminate`]: preStop, SIGTERM, SIGKILL, removal, container GC.
+//! * [`lifecycle`]: postStart and preStop hooks (exec, httpGet, sleep).
+//! * [`terminate`]: preStop, SIGTERM, SIGKILL (sidecars last, in reverse
+//!   order), removal, container GC.
 //! * [`syncer`]: [`Syncer`] carries the actions out (images, sandboxes,
 //!   containers, backoff) and terminates pods (preStop, SIGTERM, SIGKILL, removal).
 
 pub mod actions;
 pub mod env;
+pub mod lifecycle;
 pub mod objects;
-pub mod recorder;
 pub mod spec;
 pub mod syncer;
 pub mod terminate;

@@ -205,6 +205,22 @@ pub fn volume_path(node: &NodeContext, pod: &Pod, name: &str) -> Option<PathBuf>
     )
 }
 
+/// Where the container writes its termination message (upstream's default
+/// `/dev/termination-log`); None if the spec sets it empty.
+pub fn termination_message_path(c: &Container) -> Option<&str> {
+    match c.termination_message_path.as_deref() {
+        Some("") => None,
+        Some(p) => Some(p),
+        None => Some("/dev/termination-log"),
+    }
+}
+
+/// `<root>/pods/<uid>/containers/<name>`: where a container's termination
+/// message files live.
+pub fn container_dir(node: &NodeContext, pod: &Pod, name: &str) -> PathBuf {
+    pod_dir(node, pod).join("containers").join(name)
+}
+
 /// Inputs of a container config beyond the spec.
 #[derive(Debug, Clone)]
 pub struct ContainerContext<'a> {
@@ -216,6 +232,9 @@ pub struct ContainerContext<'a> {
     pub pod_ip: Option<&'a str>,
     /// ConfigMaps and Secrets the env refers to (API-server mode).
     pub objects: &'a env::ApiObjects,
+    /// The host file mounted at the container's `terminationMessagePath`
+    /// (made by the syncer), if it has one.
+    pub termination_log: Option<&'a std::path::Path>,
 }
 
 /// The CRI config of one container instance.
@@ -247,7 +266,7 @@ pub fn container_config(
     let mut container_labels = pod_labels(pod);
     container_labels.insert(labels::CONTAINER_NAME.into(), c.name.clone());
     container_labels.insert(labels::CONTAINER_KIND.into(), ctx.kind.as_str().into());
-    let annotations: HashMap<String, String> = [
+    let mut annotations: HashMap<String, String> = [
         (labels::CONTAINER_HASH.to_owned(), container_hash(c)),
         (
             labels::RESTART_COUNT.to_owned(),
@@ -259,7 +278,7 @@ pub fn container_config(
         ),
     ]
     .into();
-    let mounts = c
+    let mut mounts: Vec<api::Mount> = c
         .volume_mounts
         .iter()
         .flatten()
@@ -277,6 +296,20 @@ pub fn container_config(
             })
         })
         .collect();
+    if let (Some(host), Some(path)) = (ctx.termination_log, termination_message_path(c)) {
+        mounts.push(api::Mount {
+            container_path: path.to_owned(),
+            host_path: host.display().to_string(),
+            ..Default::default()
+        });
+        annotations.insert(labels::TERMINATION_MESSAGE_PATH.into(), path.to_owned());
+        annotations.insert(
+            labels::TERMINATION_MESSAGE_POLICY.into(),
+            c.termination_message_policy
+                .clone()
+                .unwrap_or_else(|| "File".into()),
+        );
+    }
     let sc = c.security_context.clone().unwrap_or_default();
     let psc = pod
         .spec
@@ -426,6 +459,7 @@ mod tests {
                 restart_count: 2,
                 pod_ip: None,
                 objects: &super::env::ApiObjects::default(),
+                termination_log: None,
             },
         )
         .expect("config");

@@ -11,11 +11,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::actions::{self, PodActions, Target};
 use super::objects::EnvObjects;
-use super::recorder::EventRecorder;
 use super::spec::{self, ContainerContext, NodeContext};
 use crate::backoff::Backoff;
+use crate::diagnostics::EventRecorder;
 use crate::lock::lock;
 use crate::pod;
+use crate::probe::{PodProbes, ProbeKind};
 use crate::runtime::{Kind, PodStatus, State};
 use crate::status::Waiting;
 
@@ -129,9 +130,10 @@ impl Syncer {
         pod: &Pod,
         status: &PodStatus,
         hashes: &actions::SpecHashes,
+        probes: &PodProbes,
         cancel: &CancellationToken,
     ) -> Result<SyncOutcome, SyncError> {
-        let actions = actions::compute_with(pod, status, hashes);
+        let actions = actions::compute_with(pod, status, hashes, probes);
         let mut outcome = SyncOutcome {
             failed: actions.init_failed,
             ..Default::default()
@@ -159,7 +161,9 @@ impl Syncer {
             }
             tracing::info!(pod = %pod::key(pod), container = %k.name, reason = %k.reason, "killing container");
             outcome.changed = true;
-            self.kill_container(pod, &k.id, &k.name, None).await?;
+            let grace = k.probe.and_then(|kind| probe_grace(pod, &k.name, kind));
+            self.kill_container(pod, &k.id, &k.name, &k.reason, grace)
+                .await?;
         }
         let sandbox = if actions.create_sandbox {
             super::volumes::prepare(&self.node, pod)?;
@@ -322,11 +326,19 @@ impl Syncer {
             .fetch(pod::namespace(pod), &refs)
             .await
             .map_err(|e| config_error(e.to_string()))?;
+        let termination_log = match spec::termination_message_path(c) {
+            Some(_) => Some(
+                termination_log(&self.node, pod, &c.name)
+                    .map_err(|e| config_error(e.to_string()))?,
+            ),
+            None => None,
+        };
         let ctx = ContainerContext {
             kind,
             restart_count,
             pod_ip,
             objects: &objects,
+            termination_log: termination_log.as_deref(),
         };
         let config = spec::container_config(&self.node, pod, c, &ctx)
             .map_err(|e| config_error(e.to_string()))?;
@@ -383,6 +395,34 @@ impl Syncer {
             "Started",
             format!("Started container {}", c.name),
         );
+        // postStart runs before the sync ends, so the container is not shown
+        // running before its hook finished (upstream).
+        if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref())
+            && let Err(message) = self.run_hook(pod, c, &id, hook, pod_ip).await
+        {
+            tracing::warn!(pod = %pod::key(pod), container = %c.name, error = %message, "postStart hook failed");
+            // The message may hold a secret: the event does not carry it (upstream).
+            self.event(
+                pod,
+                &c.name,
+                "Warning",
+                "FailedPostStartHook",
+                "PostStartHook failed".into(),
+            );
+            if let Err(e) = self
+                .kill_container(pod, &id, &c.name, "FailedPostStartHook", None)
+                .await
+            {
+                tracing::warn!(pod = %pod::key(pod), container = %c.name, error = %e, "cannot kill a container whose postStart hook failed");
+            }
+            return Err(Start::Waiting(
+                Waiting {
+                    reason: "PostStartHookError".into(),
+                    message,
+                },
+                None,
+            ));
+        }
         Ok(())
     }
 
@@ -483,6 +523,39 @@ impl Syncer {
             }
         }
     }
+}
+
+/// A new, empty termination message file for an instance of container
+/// `name`: `<root>/pods/<uid>/containers/<name>/<8 hex>`, mode 0666 so any
+/// user in the container can write it (upstream).
+fn termination_log(
+    node: &spec::NodeContext,
+    pod: &Pod,
+    name: &str,
+) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = spec::container_dir(node, pod, name);
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("{:08x}", fastrand::u32(..)));
+    std::fs::File::create(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(path)
+}
+
+/// The grace period of a kill because probe `kind` failed: the probe's own
+/// `terminationGracePeriodSeconds`, unless the pod is being deleted with a
+/// grace period of its own (upstream's `setTerminationGracePeriod`).
+fn probe_grace(pod: &Pod, name: &str, kind: ProbeKind) -> Option<i64> {
+    if pod.metadata.deletion_grace_period_seconds.is_some() {
+        return None;
+    }
+    let spec = pod.spec.as_ref()?;
+    let c = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)?;
+    kind.of(c)?.termination_grace_period_seconds
 }
 
 /// Why a container did not start.

@@ -19,7 +19,8 @@ pub const MIN_GRACE: Duration = Duration::from_secs(2);
 impl Syncer {
     /// Stops one container: its preStop hook first (bounded by the grace
     /// period), then SIGTERM, then SIGKILL after what is left of the grace
-    /// period (at least 2 s).
+    /// period (at least 2 s). `message` is the `Killing` event's (empty:
+    /// "Stopping container <name>").
     ///
     /// # Errors
     /// The StopContainer failure (a container already gone is fine).
@@ -28,17 +29,32 @@ impl Syncer {
         pod: &Pod,
         id: &ContainerId,
         name: &str,
+        message: &str,
         grace: Option<i64>,
+    ) -> Result<(), evlet_cri::Error> {
+        self.stop_container(pod, id, name, message, grace, None)
+            .await
+    }
+
+    /// [`Self::kill_container`], with SIGTERM held back until `turn` resolves
+    /// (sidecars wait for the app containers; the preStop hook does not wait).
+    async fn stop_container(
+        &self,
+        pod: &Pod,
+        id: &ContainerId,
+        name: &str,
+        message: &str,
+        grace: Option<i64>,
+        turn: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>>,
     ) -> Result<(), evlet_cri::Error> {
         let grace =
             Duration::from_secs(grace.unwrap_or_else(|| pod::grace_period(pod)).max(0) as u64);
-        self.event(
-            pod,
-            name,
-            "Normal",
-            "Killing",
-            format!("Stopping container {name}"),
-        );
+        let message = if message.is_empty() {
+            format!("Stopping container {name}")
+        } else {
+            message.to_owned()
+        };
+        self.event(pod, name, "Normal", "Killing", message);
         let started = Instant::now();
         let spec = pod.spec.as_ref();
         let container = spec.and_then(|s| {
@@ -47,29 +63,37 @@ impl Syncer {
                 .chain(s.init_containers.iter().flatten())
                 .find(|c| c.name == name)
         });
-        if let Some(pre_stop) = container
-            .and_then(|c| c.lifecycle.as_ref())
-            .and_then(|l| l.pre_stop.as_ref())
+        if let Some((c, pre_stop)) =
+            container.and_then(|c| Some((c, c.lifecycle.as_ref()?.pre_stop.as_ref()?)))
             && !grace.is_zero()
         {
-            let run = async {
-                if let Some(cmd) = pre_stop.exec.as_ref().and_then(|e| e.command.clone()) {
-                    match self.client.exec_sync(id, cmd, grace).await {
-                        Ok(out) if out.exit_code != 0 => {
-                            tracing::warn!(container = %name, exit_code = out.exit_code, "preStop hook failed")
-                        }
-                        Ok(_) => {
-                            tracing::info!(pod = %pod::key(pod), container = %name, "preStop hook ran")
-                        }
-                        Err(e) => tracing::warn!(container = %name, %e, "preStop hook failed"),
-                    }
-                } else if let Some(sleep) = &pre_stop.sleep {
-                    tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64)).await;
+            let ip = self.pod_ip(pod).await;
+            match tokio::time::timeout(grace, self.run_hook(pod, c, id, pre_stop, ip.as_deref()))
+                .await
+            {
+                Ok(Ok(())) => {
+                    tracing::info!(pod = %pod::key(pod), container = %name, "preStop hook ran")
                 }
-            };
-            if tokio::time::timeout(grace, run).await.is_err() {
-                tracing::warn!(container = %name, "preStop hook did not finish within the grace period");
+                Ok(Err(e)) => {
+                    tracing::warn!(pod = %pod::key(pod), container = %name, error = %e, "preStop hook failed");
+                    // The message may hold a secret: the event does not carry it (upstream).
+                    self.event(
+                        pod,
+                        name,
+                        "Warning",
+                        "FailedPreStopHook",
+                        "PreStopHook failed".into(),
+                    );
+                }
+                Err(_) => {
+                    tracing::warn!(pod = %pod::key(pod), container = %name, "preStop hook did not finish within the grace period")
+                }
             }
+        }
+        if let Some(turn) = turn
+            && !grace.is_zero()
+        {
+            let _ = tokio::time::timeout(grace.saturating_sub(started.elapsed()), turn).await;
         }
         let remaining = grace
             .saturating_sub(started.elapsed())
@@ -84,7 +108,32 @@ impl Syncer {
         }
     }
 
-    /// Stops every running container of the pod (in parallel), then its sandboxes.
+    /// The pod's IP as the runtime reports it (for httpGet hooks).
+    async fn pod_ip(&self, pod: &Pod) -> Option<String> {
+        let uid = pod::uid(pod);
+        let filter = evlet_cri::SandboxFilter::new().label(crate::pod::labels::POD_UID, uid.0);
+        let sandbox = self
+            .client
+            .list_pod_sandbox(filter)
+            .await
+            .ok()?
+            .into_iter()
+            .max_by_key(|s| s.created_at)?;
+        self.client
+            .pod_sandbox_status(&evlet_cri::SandboxId::new(sandbox.id), false)
+            .await
+            .ok()?
+            .status?
+            .network
+            .map(|n| n.ip)
+            .filter(|ip| !ip.is_empty())
+    }
+
+    /// Stops every running container of the pod, then its sandboxes. All
+    /// containers start stopping at once (their preStop hooks run at once);
+    /// sidecars get SIGTERM only after every app container and every later
+    /// sidecar has stopped, so they stop in reverse order (upstream's
+    /// termination ordering).
     ///
     /// # Errors
     /// The first StopContainer or StopPodSandbox failure.
@@ -99,18 +148,56 @@ impl Syncer {
             .iter()
             .filter(|c| matches!(c.state, State::Running | State::Created | State::Unknown))
             .collect();
-        // Sidecars stop after the app containers, as upstream.
-        let (sidecars, others): (Vec<_>, Vec<_>) =
-            running.into_iter().partition(|c| c.kind == Kind::Sidecar);
-        for group in [others, sidecars] {
-            let results = futures_util::future::join_all(
-                group
-                    .iter()
-                    .map(|c| self.kill_container(pod, &c.id, &c.name, grace)),
-            )
-            .await;
-            results.into_iter().collect::<Result<Vec<()>, _>>()?;
-        }
+        // Sidecars in reverse spec order; each waits for the app containers
+        // and for the sidecars after it.
+        let order: Vec<&str> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .filter(|c| pod::is_restartable_init(c))
+            .map(|c| c.name.as_str())
+            .rev()
+            .collect();
+        let (done_tx, done_rx) = tokio::sync::watch::channel(0usize);
+        let apps = running.iter().filter(|c| c.kind != Kind::Sidecar).count();
+        let stops = running.iter().map(|c| {
+            let done_tx = &done_tx;
+            let mut done_rx = done_rx.clone();
+            // How many stops must finish first: every app container, and the
+            // sidecars after this one.
+            let before = match order.iter().position(|n| *n == c.name) {
+                Some(k) if c.kind == Kind::Sidecar => {
+                    apps + running
+                        .iter()
+                        .filter(|o| o.kind == Kind::Sidecar)
+                        .filter(|o| {
+                            order
+                                .iter()
+                                .position(|n| *n == o.name)
+                                .is_some_and(|j| j < k)
+                        })
+                        .count()
+                }
+                _ => 0,
+            };
+            async move {
+                let turn: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+                    (before > 0).then(|| {
+                        Box::pin(async move {
+                            let _ = done_rx.wait_for(|n| *n >= before).await;
+                        }) as _
+                    });
+                let result = self
+                    .stop_container(pod, &c.id, &c.name, "", grace, turn)
+                    .await;
+                done_tx.send_modify(|n| *n += 1);
+                result
+            }
+        });
+        futures_util::future::join_all(stops)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, _>>()?;
         for s in &status.sandboxes {
             if let Err(e) = self.client.stop_pod_sandbox(&s.id).await
                 && !e.is_not_found()

@@ -27,6 +27,8 @@ pub struct Invalid {
     pub errors: Vec<FieldError>,
 }
 
+mod handlers;
+
 struct Errors(Vec<FieldError>);
 
 impl Errors {
@@ -99,10 +101,12 @@ pub fn validate(pod: &Pod) -> Result<(), Invalid> {
         e.add("spec.containers", "Required value");
     }
     let volumes = validate_volumes(spec.volumes.as_deref().unwrap_or_default(), &mut e);
+    let grace = spec.termination_grace_period_seconds.unwrap_or(30);
     let mut names = HashSet::new();
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
         let path = format!("spec.initContainers[{i}]");
         validate_container(c, &path, &volumes, &mut names, &mut e);
+        handlers::validate(c, &path, !crate::pod::is_restartable_init(c), grace, &mut e);
         if let Some(policy) = c.restart_policy.as_deref()
             && policy != "Always"
         {
@@ -115,6 +119,7 @@ pub fn validate(pod: &Pod) -> Result<(), Invalid> {
     for (i, c) in spec.containers.iter().enumerate() {
         let path = format!("spec.containers[{i}]");
         validate_container(c, &path, &volumes, &mut names, &mut e);
+        handlers::validate(c, &path, false, grace, &mut e);
         if c.restart_policy.is_some() {
             e.add(
                 format!("{path}.restartPolicy"),
@@ -328,16 +333,6 @@ fn validate_container(
                 format!("{p}.mountPath"),
                 format!("Invalid value {:?}: must be an absolute path", m.mount_path),
             );
-        }
-    }
-    if let Some(pre_stop) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
-        let p = format!("{path}.lifecycle.preStop");
-        match (&pre_stop.exec, &pre_stop.sleep) {
-            (Some(exec), None) if exec.command.as_ref().is_none_or(|c| c.is_empty()) => {
-                e.add(format!("{p}.exec.command"), "Required value")
-            }
-            (Some(_), None) | (None, Some(_)) => {}
-            _ => e.add(p, "must specify exactly one handler (exec or sleep)"),
         }
     }
 }

@@ -1,0 +1,156 @@
+//! Container logs in the CRI format the runtime writes
+//! (`<RFC 3339 time> <stdout|stderr> <P|F> <text>`, one line per record, `P`
+//! for a partial line continued by the next record), and tails of them.
+
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::path::Path;
+
+/// Which stream a record came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// One record of a CRI log file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// The runtime's timestamp, as written (RFC 3339 with nanoseconds).
+    pub time: &'a str,
+    /// The stream.
+    pub stream: Stream,
+    /// More of the same line follows in the next record.
+    pub partial: bool,
+    /// The text, without the newline.
+    pub text: &'a str,
+}
+
+/// A log line that is not in the CRI format, naming what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a CRI log record ({0}): {1:?}")]
+pub struct BadRecord(pub &'static str, pub String);
+
+/// Parses one record (without its trailing newline).
+///
+/// # Errors
+/// [`BadRecord`] naming the field that is missing or wrong.
+pub fn parse(line: &str) -> Result<Record<'_>, BadRecord> {
+    let bad = |what| BadRecord(what, line.chars().take(80).collect());
+    let (time, rest) = line.split_once(' ').ok_or_else(|| bad("no timestamp"))?;
+    if time.is_empty() || !time.as_bytes()[0].is_ascii_digit() {
+        return Err(bad("timestamp"));
+    }
+    let (stream, rest) = rest.split_once(' ').ok_or_else(|| bad("no stream"))?;
+    let stream = match stream {
+        "stdout" => Stream::Stdout,
+        "stderr" => Stream::Stderr,
+        _ => return Err(bad("stream")),
+    };
+    // The tag is `P` or `F` (possibly with more `:`-separated tags); the text
+    // may be empty, and then the separating space may be missing.
+    let (tag, text) = rest.split_once(' ').unwrap_or((rest, ""));
+    let partial = match tag.split(':').next() {
+        Some("P") => true,
+        Some("F") => false,
+        _ => return Err(bad("tag")),
+    };
+    Ok(Record {
+        time,
+        stream,
+        partial,
+        text,
+    })
+}
+
+/// The last `max_bytes` of the file at `path` (fewer if it is shorter).
+///
+/// # Errors
+/// The IO error (a missing file included).
+pub fn tail_bytes(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(max_bytes)))?;
+    let mut out = Vec::new();
+    file.take(max_bytes).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// The text of the last `lines` log lines of a CRI log file, partial records
+/// joined, at most `max_bytes` of it (the end kept): upstream's
+/// `readLastStringFromContainerLogs` for termination messages.
+///
+/// # Errors
+/// The IO error reading the file.
+pub fn last_text(path: &Path, lines: usize, max_bytes: usize) -> std::io::Result<String> {
+    // A line of text can be spread over many records; read enough of the end.
+    let bytes = tail_bytes(path, (max_bytes as u64 + 256) * 8)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let mut joined: Vec<String> = Vec::new();
+    let mut open = false;
+    for line in text.lines() {
+        let Ok(r) = parse(line) else {
+            continue;
+        };
+        if open {
+            if let Some(last) = joined.last_mut() {
+                last.push_str(r.text);
+            }
+        } else {
+            joined.push(r.text.to_owned());
+        }
+        open = r.partial;
+    }
+    let start = joined.len().saturating_sub(lines);
+    let mut out = joined[start..].join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    if out.len() > max_bytes {
+        let mut cut = out.len() - max_bytes;
+        while !out.is_char_boundary(cut) {
+            cut += 1;
+        }
+        out.drain(..cut);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_parse_with_their_stream_and_tag() {
+        let r = parse("2026-11-24T05:00:00.123456789Z stdout F hello world").expect("record");
+        assert_eq!(
+            (r.stream, r.partial, r.text),
+            (Stream::Stdout, false, "hello world")
+        );
+        let r = parse("2026-11-24T05:00:00Z stderr P ").expect("record");
+        assert_eq!((r.stream, r.partial, r.text), (Stream::Stderr, true, ""));
+        assert!(parse("2026-11-24T05:00:00Z stdout F").is_ok_and(|r| r.text.is_empty()));
+        assert_eq!(parse("garbage").expect_err("bad").0, "no timestamp");
+        assert_eq!(parse("2026 stdin F x").expect_err("bad").0, "stream");
+        assert_eq!(parse("2026 stdout X x").expect_err("bad").0, "tag");
+    }
+
+    #[test]
+    fn the_last_lines_join_partial_records_and_keep_the_end() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("0.log");
+        std::fs::write(
+            &path,
+            "2026-01-01T00:00:00Z stdout F one\n\
+             2026-01-01T00:00:01Z stderr P tw\n\
+             2026-01-01T00:00:01Z stderr F o\n\
+             not a record\n\
+             2026-01-01T00:00:02Z stdout F three\n",
+        )
+        .expect("write");
+        assert_eq!(last_text(&path, 2, 2048).expect("tail"), "two\nthree\n");
+        assert_eq!(last_text(&path, 80, 6).expect("tail"), "three\n");
+        assert!(last_text(&dir.path().join("missing"), 1, 10).is_err());
+    }
+}
