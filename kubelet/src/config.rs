@@ -249,7 +249,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, InvalidDuration> {
             "ns" => 1e-9,
             _ => return Err(bad()),
         };
-        total += Duration::from_secs_f64(value * secs);
+        // A value too large for a Duration is an error, not a panic.
+        total = Duration::try_from_secs_f64(value * secs)
+            .ok()
+            .and_then(|d| total.checked_add(d))
+            .ok_or_else(bad)?;
         rest = &rest[unit_end..];
     }
     Ok(total)
@@ -265,12 +269,20 @@ impl KubeletConfiguration {
             path: path.into(),
             source,
         })?;
+        Self::parse(&text, path)
+    }
+
+    /// Checks the text of a config file read from `path` (named in errors).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the file and the field.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let invalid = |message: String| ConfigError::Invalid {
             path: path.into(),
             message,
         };
         let value: serde_yaml::Value =
-            serde_yaml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+            serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()))?;
         if let Some(map) = value.as_mapping() {
             for key in map.keys().filter_map(|k| k.as_str()) {
                 if !KNOWN.contains(&key) {
@@ -351,6 +363,8 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert!(parse_duration("20").is_err());
         assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("99999999999999999999999h").is_err());
+        assert!(parse_duration("18446744073709551615s1h").is_err());
     }
 
     #[test]

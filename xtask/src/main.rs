@@ -7,10 +7,12 @@
 //! * `test`: setup, fmt, clippy, unit tests, privileged node and kernel tests, vm-test
 //! * `vm-test`: the kernel probe tests in Debian kernels under qemu
 //! * `bench`: the PLEG modes side by side (latency, CPU, memory, start-up)
+//! * `fuzz`: the libFuzzer targets in `kubelet/fuzz` for a bounded time each
 
 mod apt;
 mod bench;
 mod containerd;
+mod fuzz;
 mod image;
 mod node;
 mod paths;
@@ -65,6 +67,8 @@ enum Task {
     VmTest(vm::Options),
     /// Benchmark the PLEG modes on the containerd 1.7 node (bench/results).
     Bench(bench::Options),
+    /// Run the fuzz targets (kubelet/fuzz) for a bounded time each.
+    Fuzz(fuzz::Options),
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,6 +106,7 @@ fn main() -> Result<()> {
         } => run::run(containerd, duration, &args),
         Task::Test(options) => test::test(&options),
         Task::Bench(options) => bench::bench(&options),
+        Task::Fuzz(options) => fuzz::fuzz(&options).map(|_| ()),
         Task::VmTest(options) => {
             setup::setup()?;
             vm::vm_test(&options, &test::test_targets()?.kernel)

@@ -4,7 +4,8 @@
 //! (run once per containerd line with the node's environment), `kernel_*` need
 //! root and the host kernel's eBPF; all others are plain tests. The agent's
 //! end-to-end suite (`node_agent`) runs once per PLEG mode the line supports.
-//! `cargo xtask bench --quick` then proves the benchmark harness works. A privileged
+//! Each fuzz target runs for a short bounded time (`--fuzz-time`), then
+//! `cargo xtask bench --quick` proves the benchmark harness works. A privileged
 //! test that cannot run fails under `CI=true` (see `evlet-testkit`).
 
 use std::fs;
@@ -35,6 +36,17 @@ pub struct Options {
     /// Skip the quick benchmark run.
     #[arg(long)]
     no_bench: bool,
+    /// Skip the fuzz targets.
+    #[arg(long)]
+    no_fuzz: bool,
+    /// Seconds each fuzz target runs.
+    #[arg(long, default_value_t = 30)]
+    fuzz_time: u64,
+    /// Pods of the density test on each containerd line (the test's own
+    /// default, 500, is for a run by hand: three lines of 500 at once do not
+    /// fit CI's time on two cores).
+    #[arg(long, default_value_t = 150)]
+    density_pods: usize,
     /// Options of the kernel matrix.
     #[command(flatten)]
     vm: crate::vm::Options,
@@ -126,7 +138,7 @@ fn stage<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 /// One containerd line's node suites, run in a thread of its own against the
 /// line's own containerd; everything they print goes to `log`.
-fn run_line(node: &Node, node_targets: &[String], log: &Path) -> Result<()> {
+fn run_line(node: &Node, node_targets: &[String], density: usize, log: &Path) -> Result<()> {
     let mut out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     // --no-fail-fast: every suite runs and reports, even after a failing one.
     let mut suites: Vec<(Vec<&str>, &str)> = vec![(
@@ -142,6 +154,7 @@ fn run_line(node: &Node, node_targets: &[String], log: &Path) -> Result<()> {
         let mut cmd = cargo_test(&args);
         cmd.envs(node.env())
             .env("EVLET_E2E_PLEG", mode)
+            .env("EVLET_DENSITY_PODS", density.to_string())
             .stdout(out.try_clone()?)
             .stderr(out.try_clone()?);
         let line = format!("{} (EVLET_E2E_PLEG={mode})", sh::display(&cmd));
@@ -191,7 +204,10 @@ fn node_suites(options: &Options, node_targets: &[String]) -> Vec<String> {
                     let log = log.clone();
                     move || {
                         let started = Instant::now();
-                        (run_line(node, node_targets, &log), started.elapsed())
+                        (
+                            run_line(node, node_targets, options.density_pods, &log),
+                            started.elapsed(),
+                        )
                     }
                 });
                 (node, log, handle)
@@ -277,6 +293,15 @@ pub fn test(options: &Options) -> Result<()> {
                 vec!["test", "--locked"],
                 &targets.kernel,
             )))
+        })?;
+    }
+    if !options.no_fuzz {
+        stage("fuzz", || {
+            crate::fuzz::fuzz(&crate::fuzz::Options {
+                time: options.fuzz_time,
+                target: Vec::new(),
+            })
+            .map(|_| ())
         })?;
     }
     if !targets.node.is_empty() {
