@@ -92,6 +92,7 @@ async fn create_start_one(
             pod_ip: None,
             objects: &objects,
             termination_log: Some(&log),
+            mounts: &[],
         },
     )?;
     let id = client

@@ -14,6 +14,9 @@ use crate::api::admission::Allocatable;
 use crate::api::objects::ApiEnvObjects;
 use crate::api::pods::Mirrors;
 use crate::api::status::StatusManager;
+use crate::api::tokens::TokenManager;
+use crate::api::volumes::{ApiClientHandle, ApiVolumeSources};
+use crate::api::watched::ObjectCache;
 use crate::api::{self, ApiClient};
 use crate::cache::{self, CacheWriter, PodCache};
 use crate::config::{self, Config, PlegMode};
@@ -35,6 +38,7 @@ use crate::sync::Syncer;
 use crate::sync::objects::{EnvObjects, NoApiServer};
 use crate::sync::spec::NodeContext;
 use crate::sync_loop::{ApiState, Inputs, SyncLoop};
+use crate::volume::{NodeFacts, VolumeManager, VolumeSources};
 use crate::workers::{Collaborators, PodWorkers, StatusSink};
 
 /// Why the agent could not start.
@@ -123,7 +127,34 @@ pub async fn start(
     let machine = Machine::read(&config.root_dir);
     let manager = config.api.as_ref().map(|_| StatusManager::new());
     let (done_tx, done_rx) = mpsc::unbounded_channel();
-    let syncer = build_syncer(&config, client.clone(), &machine, &diagnostics);
+    let (objects_tx, objects_rx) = mpsc::unbounded_channel();
+    let (refresh_tx, refresh_rx) = mpsc::unbounded_channel();
+    // API-mode: the watched ConfigMaps and Secrets and the tokens, shared by
+    // env values and volumes; their changes sync the pods that use them.
+    let readers = config.api.as_ref().map(|c| ApiReaders {
+        objects: ObjectCache::new(c.0.clone(), objects_tx, shutdown.child_token()),
+        tokens: TokenManager::new(c.0.clone(), refresh_tx, shutdown.child_token()),
+        client: c.0.clone(),
+    });
+    let recursive_read_only = client
+        .status(false)
+        .await
+        .ok()
+        .and_then(|s| {
+            s.runtime_handlers
+                .into_iter()
+                .find(|h| h.name.is_empty())
+                .and_then(|h| h.features)
+        })
+        .is_some_and(|f| f.recursive_read_only_mounts);
+    let syncer = build_syncer(
+        &config,
+        client.clone(),
+        &machine,
+        &diagnostics,
+        readers.as_ref(),
+        recursive_read_only,
+    );
     let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let prober = Prober::new(
         client.clone(),
@@ -199,6 +230,8 @@ pub async fn start(
         pleg: pleg_rx,
         done: done_rx,
         probes: probe_rx,
+        objects: objects_rx,
+        refresh: refresh_rx,
     };
     let task = tokio::spawn(sync_loop.run(inputs, shutdown));
     Ok((handles, task))
@@ -373,12 +406,22 @@ fn pods_cgroup(config: &Config) -> String {
     format!("{}/kubepods", config.cgroup_root.trim_end_matches('/'))
 }
 
-/// The syncer, reading env objects from the API server in API-server mode.
+/// What API-server mode reads for pods: watched objects and tokens.
+struct ApiReaders {
+    objects: Arc<ObjectCache>,
+    tokens: Arc<TokenManager>,
+    client: kube::Client,
+}
+
+/// The syncer, reading env objects and volumes' objects from the API server in
+/// API-server mode.
 fn build_syncer(
     config: &Config,
     client: RuntimeClient,
     machine: &Machine,
     diagnostics: &Arc<Diagnostics>,
+    readers: Option<&ApiReaders>,
+    recursive_read_only: bool,
 ) -> Arc<Syncer> {
     let node = NodeContext {
         node_name: config.node_name.clone(),
@@ -390,14 +433,32 @@ fn build_syncer(
             .filter(|m| *m > 0)
             .unwrap_or(1 << 30),
     };
-    let objects: Arc<dyn EnvObjects> = match &config.api {
-        Some(c) => Arc::new(ApiEnvObjects(c.0.clone())),
-        None => Arc::new(NoApiServer),
+    let (objects, sources): (Arc<dyn EnvObjects>, Arc<dyn VolumeSources>) = match readers {
+        Some(r) => (
+            Arc::new(ApiEnvObjects(Arc::clone(&r.objects))),
+            Arc::new(ApiVolumeSources {
+                objects: Arc::clone(&r.objects),
+                tokens: Arc::clone(&r.tokens),
+                client: ApiClientHandle(r.client.clone()),
+            }),
+        ),
+        None => (Arc::new(NoApiServer), Arc::new(crate::volume::NoApiServer)),
     };
+    let volumes = Arc::new(VolumeManager::new(
+        config.root_dir.clone(),
+        sources,
+        NodeFacts {
+            name: config.node_name.clone(),
+            labels: api::node::labels(&config.node_name),
+            memory: machine.memory,
+            recursive_read_only,
+        },
+    ));
     Arc::new(Syncer::new(
         client,
         node,
         objects,
+        volumes,
         Arc::clone(diagnostics) as _,
     ))
 }

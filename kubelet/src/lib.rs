@@ -8,6 +8,9 @@
 //! * [`agent`]: wiring; [`sync_loop`]: upstream's `syncLoop`.
 //! * [`workers`]: one task per pod (sync → terminating → terminated).
 //! * [`sync`]: SyncPod over CRI: actions (pure), configs (pure), the executor.
+//! * [`volume`]: the volume manager (emptyDir, hostPath, configMap, secret,
+//!   downwardAPI, projected, local claims; safe subPaths; fsGroup).
+//! * [`downward`]: the downward API's fields and resources.
 //! * [`backoff`]: CrashLoopBackOff and image pull backoff.
 //! * [`status`]: the pod status as upstream computes it (pure).
 //! * [`pleg`]: the relister (single writer of [`cache`]) and PLEG modes.
@@ -28,6 +31,7 @@ pub mod cgroups;
 pub mod clock;
 pub mod config;
 pub mod diagnostics;
+pub mod downward;
 pub mod health;
 pub mod lock;
 pub mod logs;
@@ -48,4 +52,5 @@ pub mod sync;
 pub mod sync_loop;
 pub mod validation;
 pub mod vars;
+pub mod volume;
 pub mod workers;

@@ -98,6 +98,57 @@ pub fn grace_period(pod: &Pod) -> i64 {
         .max(0)
 }
 
+/// Does `pod` use the ConfigMap (`secret` false) or Secret (`secret` true)
+/// named `name`, in its containers' environment or its volumes?
+pub fn refers_to(pod: &Pod, secret: bool, name: &str) -> bool {
+    let Some(spec) = &pod.spec else {
+        return false;
+    };
+    let env = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| {
+            c.env_from.iter().flatten().any(|f| {
+                if secret {
+                    f.secret_ref.as_ref().is_some_and(|r| r.name == name)
+                } else {
+                    f.config_map_ref.as_ref().is_some_and(|r| r.name == name)
+                }
+            }) || c.env.iter().flatten().any(|e| {
+                e.value_from.as_ref().is_some_and(|f| {
+                    if secret {
+                        f.secret_key_ref.as_ref().is_some_and(|r| r.name == name)
+                    } else {
+                        f.config_map_key_ref
+                            .as_ref()
+                            .is_some_and(|r| r.name == name)
+                    }
+                })
+            })
+        });
+    env || spec.volumes.iter().flatten().any(|v| {
+        let direct = if secret {
+            v.secret
+                .as_ref()
+                .is_some_and(|s| s.secret_name.as_deref() == Some(name))
+        } else {
+            v.config_map.as_ref().is_some_and(|c| c.name == name)
+        };
+        direct
+            || v.projected
+                .iter()
+                .flat_map(|p| p.sources.iter().flatten())
+                .any(|s| {
+                    if secret {
+                        s.secret.as_ref().is_some_and(|r| r.name == name)
+                    } else {
+                        s.config_map.as_ref().is_some_and(|r| r.name == name)
+                    }
+                })
+    })
+}
+
 /// True for a sidecar: an init container with `restartPolicy: Always`.
 pub fn is_restartable_init(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")

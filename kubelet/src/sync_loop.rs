@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::admission::{Allocatable, Usage};
 use crate::api::status::StatusManager;
+use crate::api::watched::Changed;
 use crate::api::{self};
 use crate::cache::PodCache;
 use crate::metrics::Metrics;
@@ -44,6 +45,10 @@ pub struct Inputs {
     pub done: mpsc::UnboundedReceiver<PodUid>,
     /// Probe verdicts that changed.
     pub probes: mpsc::UnboundedReceiver<ProbeUpdate>,
+    /// Watched ConfigMaps and Secrets that changed (API-server mode).
+    pub objects: mpsc::UnboundedReceiver<Changed>,
+    /// Pods whose service-account token needs refreshing (API-server mode).
+    pub refresh: mpsc::UnboundedReceiver<PodUid>,
 }
 
 /// The sync loop's state.
@@ -93,6 +98,8 @@ impl SyncLoop {
             mut pleg,
             mut done,
             mut probes,
+            mut objects,
+            mut refresh,
         } = inputs;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
         let mut gc = tokio::time::interval(CONTAINER_GC);
@@ -119,6 +126,12 @@ impl SyncLoop {
                 },
                 Some(event) = pleg.recv() => self.handle_pleg(event),
                 Some(update) = probes.recv() => self.handle_probe(update),
+                Some(changed) = objects.recv() => self.handle_object(&changed),
+                Some(uid) = refresh.recv() => {
+                    if let Some(pod) = self.pods.get(&uid) {
+                        self.workers.update(pod.clone(), UpdateKind::Sync);
+                    }
+                }
                 Some(uid) = done.recv() => {
                     self.workers.forget(&uid);
                     if let Some(api) = &mut self.api
@@ -298,6 +311,18 @@ impl SyncLoop {
         }
     }
 
+    /// A watched ConfigMap or Secret changed: the pods that use it sync now, so
+    /// their volumes (and, on a restart, their env) get the new data.
+    fn handle_object(&mut self, changed: &Changed) {
+        let secret = changed.kind == crate::api::watched::Kind::Secret;
+        for pod in self.pods.values().filter(|p| {
+            pod::namespace(p) == changed.namespace && pod::refers_to(p, secret, &changed.name)
+        }) {
+            tracing::debug!(pod = %pod::key(pod), object = %changed.name, "an object the pod uses changed");
+            self.workers.update(pod.clone(), UpdateKind::Sync);
+        }
+    }
+
     /// Orphans: pods the runtime has that no source wants and no worker owns.
     /// Only once every source has reported (`sourcesReady`), like upstream.
     fn housekeeping(&mut self) {
@@ -318,6 +343,20 @@ impl SyncLoop {
     }
 
     fn container_gc(&mut self) {
+        // Pod directories of pods neither desired, nor worked on, nor in the
+        // runtime: left by an agent that went down mid-way (once sources are
+        // ready, like orphaned pods).
+        if self.config.sources_ready() {
+            let keep: BTreeSet<String> = self
+                .pods
+                .keys()
+                .chain(self.workers.uids().iter())
+                .map(|u| u.0.clone())
+                .chain(self.cache.known().iter().map(|s| s.uid.0.clone()))
+                .collect();
+            let syncer = Arc::clone(&self.syncer);
+            tokio::spawn(async move { syncer.clean_orphan_dirs(keep).await });
+        }
         for status in self.cache.known() {
             if !crate::sync::terminate::evictable(&status).is_empty() {
                 let syncer = Arc::clone(&self.syncer);

@@ -229,6 +229,11 @@ impl PodWorkers {
         lock(&self.shared.workers).contains_key(uid)
     }
 
+    /// The pods that have a worker.
+    pub fn uids(&self) -> Vec<PodUid> {
+        lock(&self.shared.workers).keys().cloned().collect()
+    }
+
     /// Every pod with a worker (or a view) and its computed status.
     pub fn views(&self) -> Vec<PodView> {
         lock(&self.shared.views).values().cloned().collect()

@@ -394,7 +394,18 @@ async fn env_from_secrets_and_config_maps_waits_for_a_missing_secret() {
                 0,
                 "the env had the secret and the prefixed ConfigMap key"
             );
-            assert!(!api.requests_matching("GET", "/namespaces/default/secrets/db").is_empty());
+            // The secret is watched (a list and watch on its name), not read per start.
+            let reads = api.requests_matching("GET", "/namespaces/default/secrets");
+            assert!(
+                reads.iter().any(|r| r.query.contains("watch=true")
+                    && r.query.contains("fieldSelector=metadata.name%3Ddb")),
+                "{:?}",
+                reads.iter().map(|r| format!("{} ?{}", r.path, r.query)).collect::<Vec<_>>()
+            );
+            assert!(
+                reads.iter().all(|r| !r.path.ends_with("/secrets/db")),
+                "no GET of the object itself"
+            );
             agent.stop().await;
         },
     )

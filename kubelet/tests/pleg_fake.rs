@@ -206,6 +206,11 @@ async fn rig_with(exit_lag: Duration, source: Source) -> Rig {
                 client,
                 node,
                 Arc::new(NoApiServer),
+                Arc::new(evlet::volume::VolumeManager::new(
+                    root.path().to_path_buf(),
+                    Arc::new(evlet::volume::NoApiServer),
+                    evlet::volume::NodeFacts::default(),
+                )),
                 diagnostics,
             )),
             cache: reader,

@@ -37,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
                 pod_ip: Some("10.88.0.2"),
                 objects: &objects,
                 termination_log: Some(std::path::Path::new("/fuzz/termination-log")),
+                mounts: &[],
             };
             let _ = spec::container_config(&node, p, c, &ctx);
         }

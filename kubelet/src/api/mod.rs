@@ -6,7 +6,9 @@
 //! * [`status`]: the status manager (versioned, coalesced `pods/status` patches, the
 //!   final delete of terminated pods).
 //! * [`mirror`]: mirror pods of static pods.
-//! * [`objects`]: ConfigMaps and Secrets for container environments.
+//! * [`watched`]: the ConfigMaps and Secrets pods use, watched; [`objects`] and
+//!   [`volumes`] read them for container environments and volumes.
+//! * [`tokens`]: service-account tokens (TokenRequest) for projected volumes.
 //! * [`events`]: Kubernetes Events (aggregated repeats, per-pod rate limit).
 //! * [`ratelimit`]: client-side QPS/burst (upstream's 50/100).
 //! * [`admission`]: resource and pod-count admission with upstream's reasons.
@@ -23,6 +25,9 @@ pub mod objects;
 pub mod pods;
 pub mod ratelimit;
 pub mod status;
+pub mod tokens;
+pub mod volumes;
+pub mod watched;
 
 use std::fmt;
 use std::path::Path;

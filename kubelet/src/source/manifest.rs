@@ -128,9 +128,17 @@ fn to_static_pod(
             format!("kind: Unsupported value {kind_field:?}: only \"Pod\" can be a static pod"),
         ));
     }
+    let mut item = item;
+    octal_modes(&mut item);
     let mut pod: Pod = serde_yaml::from_value(item)
         .map_err(|e| (name_hint.clone(), format!("cannot decode as a Pod: {e}")))?;
     validation::validate(&pod).map_err(|e| (name_hint.clone(), join(&e)))?;
+    if let Some(resource) = api_reference(&pod) {
+        return Err((
+            name_hint,
+            format!("static pods may not reference {resource}"),
+        ));
+    }
     // Upstream: the UID hashes the node, the source and the object; the name gets the node suffix.
     let serialized = serde_json::to_vec(&pod).unwrap_or_default();
     let mut hasher = Sha256::new();
@@ -155,6 +163,126 @@ fn to_static_pod(
     // The suffixed name must still be valid (length).
     validation::validate(&pod).map_err(|e| (name_hint, join(&e)))?;
     Ok(pod)
+}
+
+/// File modes written the YAML 1.1 way (`defaultMode: 0644`, `mode: 0400`),
+/// as upstream's YAML decoder reads them: octal. The YAML 1.2 parser here
+/// reads a leading-zero number as a string; only the `mode` and `defaultMode`
+/// fields (always integers in a pod) are converted, so a quoted "0644" in a
+/// label or env value stays text.
+fn octal_modes(v: &mut serde_yaml::Value) {
+    match v {
+        serde_yaml::Value::Mapping(map) => {
+            for (k, val) in map.iter_mut() {
+                let is_mode = matches!(k.as_str(), Some("mode" | "defaultMode"));
+                if is_mode
+                    && let Some(text) = val.as_str()
+                    && text.len() > 1
+                    && text.starts_with('0')
+                    && text.bytes().all(|b| (b'0'..=b'7').contains(&b))
+                    && let Ok(n) = i64::from_str_radix(text, 8)
+                {
+                    *val = serde_yaml::Value::Number(n.into());
+                } else {
+                    octal_modes(val);
+                }
+            }
+        }
+        serde_yaml::Value::Sequence(items) => items.iter_mut().for_each(octal_modes),
+        _ => {}
+    }
+}
+
+/// The first API object a pod refers to, in upstream's words and order
+/// (`podutil.HasAPIObjectReference`): a static pod may reference none, since
+/// the node may have no API server and may not read those objects (upstream
+/// refuses such manifests since 1.34).
+fn api_reference(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    if spec
+        .service_account_name
+        .as_deref()
+        .is_some_and(|s| !s.is_empty())
+    {
+        return Some("serviceaccounts".into());
+    }
+    let containers = || {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+    };
+    let secret_refs = spec
+        .image_pull_secrets
+        .as_ref()
+        .is_some_and(|s| !s.is_empty())
+        || containers().any(|c| {
+            c.env_from.iter().flatten().any(|f| f.secret_ref.is_some())
+                || c.env.iter().flatten().any(|e| {
+                    e.value_from
+                        .as_ref()
+                        .is_some_and(|f| f.secret_key_ref.is_some())
+                })
+        });
+    if secret_refs {
+        return Some("secrets".into());
+    }
+    let config_map_refs = containers().any(|c| {
+        c.env_from
+            .iter()
+            .flatten()
+            .any(|f| f.config_map_ref.is_some())
+            || c.env.iter().flatten().any(|e| {
+                e.value_from
+                    .as_ref()
+                    .is_some_and(|f| f.config_map_key_ref.is_some())
+            })
+    });
+    if config_map_refs {
+        return Some("configmaps".into());
+    }
+    if spec.resource_claims.as_ref().is_some_and(|r| !r.is_empty()) {
+        return Some("resourceclaims".into());
+    }
+    for v in spec.volumes.iter().flatten() {
+        let found = if v.config_map.is_some() {
+            "configmaps (via configmap volumes)"
+        } else if v.secret.is_some() {
+            "secrets (via secret volumes)"
+        } else if v.csi.is_some() {
+            "csidrivers (via CSI volumes)"
+        } else if v.glusterfs.is_some() {
+            "endpoints (via glusterFS volumes)"
+        } else if v.persistent_volume_claim.is_some() {
+            "persistentvolumeclaims"
+        } else if v.ephemeral.is_some() {
+            "persistentvolumeclaims (via ephemeral volumes)"
+        } else if v.azure_file.is_some() {
+            "secrets (via azureFile volumes)"
+        } else if let Some(p) = &v.projected {
+            match p.sources.iter().flatten().find_map(|s| {
+                if s.config_map.is_some() {
+                    Some("configmaps (via projected volumes)")
+                } else if s.secret.is_some() {
+                    Some("secrets (via projected volumes)")
+                } else if s.service_account_token.is_some() {
+                    Some("serviceaccounts (via projected volumes)")
+                } else if s.cluster_trust_bundle.is_some() {
+                    Some("clustertrustbundles")
+                } else if s.pod_certificate.is_some() {
+                    Some("podcertificates")
+                } else {
+                    None
+                }
+            }) {
+                Some(r) => r,
+                None => continue,
+            }
+        } else {
+            continue;
+        };
+        return Some(found.into());
+    }
+    None
 }
 
 fn join(e: &validation::Invalid) -> String {
@@ -216,6 +344,65 @@ mod tests {
         assert_eq!(
             parsed.errors[0].to_string(),
             "/etc/pods/x.yaml: pod \"default/broken\": spec.containers[0].image: Required value"
+        );
+    }
+
+    #[test]
+    fn yaml_1_1_octal_modes_read_as_upstream_reads_them() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {code: \"0644\"}}\nspec:\n  volumes: [{name: d, downwardAPI: {defaultMode: 0644, items: [{path: n, mode: 0400, fieldRef: {fieldPath: metadata.name}}]}}]\n  containers: [{name: a, image: i}]\n";
+        let parsed = parse(text, "/p/x.yaml", StaticKind::File, "n");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let d = parsed.pods[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_ref())
+            .and_then(|v| v[0].downward_api.clone())
+            .expect("volume");
+        assert_eq!(d.default_mode, Some(0o644));
+        assert_eq!(d.items.expect("items")[0].mode, Some(0o400));
+        assert_eq!(
+            parsed.pods[0]
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("code"))
+                .map(String::as_str),
+            Some("0644")
+        );
+    }
+
+    #[test]
+    fn static_pods_may_not_reference_api_objects() {
+        for (spec, resource) in [
+            (
+                "  serviceAccountName: builder\n  containers: [{name: a, image: i}]\n",
+                "serviceaccounts",
+            ),
+            (
+                "  volumes: [{name: s, secret: {secretName: x}}]\n  containers: [{name: a, image: i}]\n",
+                "secrets (via secret volumes)",
+            ),
+            (
+                "  volumes: [{name: t, projected: {sources: [{serviceAccountToken: {path: token}}]}}]\n  containers: [{name: a, image: i}]\n",
+                "serviceaccounts (via projected volumes)",
+            ),
+            (
+                "  containers: [{name: a, image: i, envFrom: [{configMapRef: {name: c}}]}]\n",
+                "configmaps",
+            ),
+        ] {
+            let text = format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n{spec}");
+            let parsed = parse(&text, "/p/x.yaml", StaticKind::File, "n");
+            assert_eq!(
+                parsed.errors.first().map(|e| e.message.as_str()),
+                Some(format!("static pods may not reference {resource}").as_str())
+            );
+        }
+        let ok = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  volumes: [{name: d, downwardAPI: {items: [{path: n, fieldRef: {fieldPath: metadata.name}}]}}]\n  containers: [{name: a, image: i}]\n";
+        assert!(
+            parse(ok, "/p/x.yaml", StaticKind::File, "n")
+                .errors
+                .is_empty()
         );
     }
 

@@ -7,22 +7,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::quantity;
 
-/// Field paths `fieldRef` supports (upstream's list for env vars).
-pub fn supported_field_path(path: &str) -> bool {
-    matches!(
-        path,
-        "metadata.name"
-            | "metadata.namespace"
-            | "metadata.uid"
-            | "spec.nodeName"
-            | "spec.serviceAccountName"
-            | "status.hostIP"
-            | "status.hostIPs"
-            | "status.podIP"
-            | "status.podIPs"
-    ) || path.starts_with("metadata.labels['")
-        || path.starts_with("metadata.annotations['")
-}
+/// Field paths `fieldRef` supports in env vars (upstream's list).
+pub use crate::downward::supported_env_field as supported_field_path;
 
 /// Facts known only at run time.
 #[derive(Debug, Clone)]
@@ -204,62 +190,15 @@ fn lookup<'o>(
 }
 
 fn field(pod: &Pod, path: &str, rt: &Runtime<'_>) -> Option<String> {
-    let meta = &pod.metadata;
-    let keyed = |prefix: &str, map: &Option<BTreeMap<String, String>>| {
-        let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
-        Some(
-            map.as_ref()
-                .and_then(|m| m.get(key))
-                .cloned()
-                .unwrap_or_default(),
-        )
-    };
-    match path {
-        "metadata.name" => meta.name.clone(),
-        "metadata.namespace" => meta.namespace.clone(),
-        "metadata.uid" => meta.uid.clone(),
-        "spec.nodeName" => pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-        "spec.serviceAccountName" => pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.clone()),
-        "status.hostIP" | "status.hostIPs" => rt.host_ip.map(str::to_owned),
-        "status.podIP" | "status.podIPs" => rt.pod_ip.map(str::to_owned),
-        p if p.starts_with("metadata.labels['") => keyed("metadata.labels['", &meta.labels),
-        p if p.starts_with("metadata.annotations['") => {
-            keyed("metadata.annotations['", &meta.annotations)
-        }
-        _ => None,
-    }
+    crate::downward::field(pod, path, rt.pod_ip, rt.host_ip)
 }
 
 fn resource(c: &Container, resource: &str, divisor: Option<&str>) -> Result<String, Problem> {
-    let unsupported = || Problem::UnsupportedResource(resource.to_owned());
-    let (kind, name) = resource.split_once('.').ok_or_else(unsupported)?;
-    let res = c.resources.as_ref();
-    let list = match kind {
-        "limits" => res.and_then(|r| r.limits.as_ref()),
-        "requests" => res.and_then(|r| r.requests.as_ref()),
-        _ => return Err(unsupported()),
-    };
-    let q = list.and_then(|l| l.get(name)).map(|q| q.0.as_str());
-    let cpu = name == "cpu";
-    let value = match q {
-        Some(q) if cpu => quantity::parse_milli(q)?,
-        Some(q) => quantity::parse(q)?,
-        // Upstream falls back to node allocatable for unset limits; report 0 here.
-        None => 0,
-    };
-    let div = match divisor {
-        Some(d) if cpu => quantity::parse_milli(d)?,
-        Some(d) => quantity::parse(d)?,
-        None if cpu => 1000,
-        None => 1,
-    };
-    if div == 0 {
-        return Err(Problem::ZeroDivisor);
-    }
-    Ok(((value + div - 1) / div).to_string())
+    crate::downward::resource(c, resource, divisor).map_err(|e| match e {
+        crate::downward::ResourceError::Unsupported(r) => Problem::UnsupportedResource(r),
+        crate::downward::ResourceError::Quantity(q) => Problem::Quantity(q),
+        crate::downward::ResourceError::ZeroDivisor => Problem::ZeroDivisor,
+    })
 }
 
 /// The container's environment, in spec order, with `$(VAR)` references to

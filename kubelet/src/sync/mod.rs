@@ -6,7 +6,6 @@
 //! * [`objects`]: what the syncer needs from outside (ConfigMaps and
 //!   Secrets), as a trait its constructor takes; events go to a
 //!   [`crate::diagnostics::EventRecorder`].
-//! * [`volumes`]: the volume directories a pod needs (IO).
 //! * [`lifecycle`]: postStart and preStop hooks (exec, httpGet, sleep).
 //! * [`terminate`]: preStop, SIGTERM, SIGKILL (sidecars last, in reverse
 //!   order), removal, container GC.
@@ -20,6 +19,5 @@ pub mod objects;
 pub mod spec;
 pub mod syncer;
 pub mod terminate;
-pub mod volumes;
 
-pub use syncer::{SyncOutcome, Syncer};
+pub use syncer::{SyncError, SyncOutcome, Syncer};

@@ -185,26 +185,6 @@ pub fn linux_resources(
     }
 }
 
-/// Host path of volume `name` for `pod`.
-pub fn volume_path(node: &NodeContext, pod: &Pod, name: &str) -> Option<PathBuf> {
-    let v = pod
-        .spec
-        .as_ref()?
-        .volumes
-        .as_ref()?
-        .iter()
-        .find(|v| v.name == name)?;
-    if let Some(hp) = &v.host_path {
-        return Some(PathBuf::from(&hp.path));
-    }
-    v.empty_dir.as_ref()?;
-    Some(
-        pod_dir(node, pod)
-            .join("volumes/kubernetes.io~empty-dir")
-            .join(name),
-    )
-}
-
 /// Where the container writes its termination message (upstream's default
 /// `/dev/termination-log`); None if the spec sets it empty.
 pub fn termination_message_path(c: &Container) -> Option<&str> {
@@ -235,6 +215,9 @@ pub struct ContainerContext<'a> {
     /// The host file mounted at the container's `terminationMessagePath`
     /// (made by the syncer), if it has one.
     pub termination_log: Option<&'a std::path::Path>,
+    /// The container's volume mounts, made by the volume manager (subPaths
+    /// already bound beneath their volumes).
+    pub mounts: &'a [api::Mount],
 }
 
 /// The CRI config of one container instance.
@@ -278,24 +261,7 @@ pub fn container_config(
         ),
     ]
     .into();
-    let mut mounts: Vec<api::Mount> = c
-        .volume_mounts
-        .iter()
-        .flatten()
-        .filter_map(|m| {
-            let host = volume_path(node, pod, &m.name)?;
-            let host = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-                Some(sub) => host.join(sub),
-                None => host,
-            };
-            Some(api::Mount {
-                container_path: m.mount_path.clone(),
-                host_path: host.display().to_string(),
-                readonly: m.read_only.unwrap_or(false),
-                ..Default::default()
-            })
-        })
-        .collect();
+    let mut mounts: Vec<api::Mount> = ctx.mounts.to_vec();
     if let (Some(host), Some(path)) = (ctx.termination_log, termination_message_path(c)) {
         mounts.push(api::Mount {
             container_path: path.to_owned(),
@@ -352,7 +318,13 @@ pub fn container_config(
             .or(psc.run_as_group)
             .map(|v| api::Int64Value { value: v }),
         readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
-        supplemental_groups: psc.supplemental_groups.unwrap_or_default(),
+        // fsGroup joins the pod's supplemental groups (upstream's
+        // determineEffectiveSecurityContext), so volumes it owns are writable.
+        supplemental_groups: psc
+            .fs_group
+            .into_iter()
+            .chain(psc.supplemental_groups.unwrap_or_default())
+            .collect(),
         no_new_privs: sc.allow_privilege_escalation == Some(false),
         ..Default::default()
     };
@@ -460,6 +432,7 @@ mod tests {
                 pod_ip: None,
                 objects: &super::env::ApiObjects::default(),
                 termination_log: None,
+                mounts: &[],
             },
         )
         .expect("config");

@@ -19,6 +19,7 @@ use crate::pod;
 use crate::probe::{PodProbes, ProbeKind};
 use crate::runtime::{Kind, PodStatus, State};
 use crate::status::Waiting;
+use crate::volume::{PodVolumes, VolumeManager};
 
 /// What one sync did and when the worker should sync again.
 #[derive(Debug, Clone, Default)]
@@ -39,9 +40,9 @@ pub enum SyncError {
     /// A CRI call failed.
     #[error(transparent)]
     Runtime(#[from] evlet_cri::Error),
-    /// The pod's volumes could not be prepared.
-    #[error(transparent)]
-    Volumes(#[from] super::volumes::VolumeError),
+    /// The pod's volumes could not be torn down (a mount is busy).
+    #[error("tearing down the pod's volumes: {0}")]
+    TearDown(#[source] std::io::Error),
     /// The sync was cancelled (the pod is being terminated).
     #[error("sync cancelled")]
     Cancelled,
@@ -60,15 +61,19 @@ pub struct Syncer {
     pub(super) events: Arc<dyn EventRecorder>,
     /// The ConfigMaps and Secrets referenced by env (the API server, or none).
     pub(super) objects: Arc<dyn EnvObjects>,
+    /// Sets up and tears down the pods' volumes.
+    pub(super) volumes: Arc<VolumeManager>,
 }
 
 impl Syncer {
     /// A syncer over `client` for node `node`, reading env objects from
-    /// `objects` and recording events in `events`.
+    /// `objects`, mounting volumes with `volumes` and recording events in
+    /// `events`.
     pub fn new(
         client: RuntimeClient,
         node: NodeContext,
         objects: Arc<dyn EnvObjects>,
+        volumes: Arc<VolumeManager>,
         events: Arc<dyn EventRecorder>,
     ) -> Self {
         Self {
@@ -81,6 +86,7 @@ impl Syncer {
             )),
             events,
             objects,
+            volumes,
         }
     }
 
@@ -138,6 +144,28 @@ impl Syncer {
             failed: actions.init_failed,
             ..Default::default()
         };
+        // Volumes first, on every sync of a pod that runs (upstream's
+        // WaitForAttachAndMount): changed ConfigMaps, Secrets and tokens reach
+        // the files, and nothing starts without its data.
+        let volumes = if !actions.kill_pod || actions.create_sandbox {
+            match self.volumes.set_up(pod).await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(pod = %pod::key(pod), volume = %e.volume(), error = %e, "volumes not ready; containers wait");
+                    self.events.record(crate::diagnostics::Event::about(
+                        pod,
+                        None,
+                        "Warning",
+                        "FailedMount",
+                        e.to_string(),
+                    ));
+                    outcome.retry_after = Some(VOLUME_RETRY);
+                    return Ok(outcome);
+                }
+            }
+        } else {
+            PodVolumes::default()
+        };
         if actions == PodActions::default()
             || actions
                 == (PodActions {
@@ -166,7 +194,6 @@ impl Syncer {
                 .await?;
         }
         let sandbox = if actions.create_sandbox {
-            super::volumes::prepare(&self.node, pod)?;
             let log_dir = spec::log_dir(&self.node, pod);
             if let Err(e) = std::fs::create_dir_all(&log_dir) {
                 tracing::warn!(dir = %log_dir.display(), %e, "cannot create pod log directory");
@@ -234,6 +261,7 @@ impl Syncer {
                     c,
                     kind,
                     pod_ip.as_deref(),
+                    &volumes,
                 )
                 .await
             {
@@ -268,6 +296,7 @@ impl Syncer {
         c: &Container,
         kind: Kind,
         pod_ip: Option<&str>,
+        volumes: &PodVolumes,
     ) -> Result<(), Start> {
         let uid = pod::uid(pod);
         let previous = status.latest(&c.name);
@@ -333,12 +362,36 @@ impl Syncer {
             ),
             None => None,
         };
+        // subPathExpr expands from the container's own env.
+        let env: std::collections::BTreeMap<String, String> = if c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.sub_path_expr.as_deref().is_some_and(|e| !e.is_empty()))
+        {
+            let rt = super::env::Runtime {
+                pod_ip,
+                host_ip: self.node.host_ip.as_deref(),
+                objects: &objects,
+            };
+            super::env::build(pod, c, &rt)
+                .map_err(|e| config_error(e.to_string()))?
+                .into_iter()
+                .collect()
+        } else {
+            Default::default()
+        };
+        let mounts = self
+            .volumes
+            .container_mounts(c, volumes, &env)
+            .map_err(|e| config_error(e.to_string()))?;
         let ctx = ContainerContext {
             kind,
             restart_count,
             pod_ip,
             objects: &objects,
             termination_log: termination_log.as_deref(),
+            mounts: &mounts,
         };
         let config = spec::container_config(&self.node, pod, c, &ctx)
             .map_err(|e| config_error(e.to_string()))?;
@@ -524,6 +577,9 @@ impl Syncer {
         }
     }
 }
+
+/// How soon a pod whose volumes are not ready is synced again.
+const VOLUME_RETRY: Duration = Duration::from_secs(3);
 
 /// A new, empty termination message file for an instance of container
 /// `name`: `<root>/pods/<uid>/containers/<name>/<8 hex>`, mode 0666 so any

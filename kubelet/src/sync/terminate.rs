@@ -8,8 +8,10 @@ use evlet_cri::ContainerId;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::time::Instant;
 
-use super::Syncer;
+use std::sync::Arc;
+
 use super::spec;
+use super::{SyncError, Syncer};
 use crate::pod;
 use crate::runtime::{Kind, PodStatus, State};
 
@@ -211,13 +213,14 @@ impl Syncer {
     /// Removes every container and sandbox of a terminated pod, its volumes and cgroups.
     ///
     /// # Errors
-    /// The first removal failure.
-    pub async fn remove_pod(&self, pod: &Pod, status: &PodStatus) -> Result<(), evlet_cri::Error> {
+    /// The first removal failure, or a volume that could not be unmounted
+    /// (the pod's directory stays then; the worker tries again).
+    pub async fn remove_pod(&self, pod: &Pod, status: &PodStatus) -> Result<(), SyncError> {
         for c in &status.containers {
             if let Err(e) = self.client.remove_container(&c.id).await
                 && !e.is_not_found()
             {
-                return Err(e);
+                return Err(e.into());
             }
         }
         for s in &status.sandboxes {
@@ -230,17 +233,39 @@ impl Syncer {
                 .await
                 .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
-        let pod_dir = spec::pod_dir(&self.node, pod);
-        if pod_dir.exists()
-            && let Err(e) = std::fs::remove_dir_all(&pod_dir)
-        {
-            tracing::warn!(dir = %pod_dir.display(), %e, "cannot remove pod directory");
-        }
+        let volumes = Arc::clone(&self.volumes);
+        let uid = pod::uid(pod).0;
+        tokio::task::spawn_blocking(move || volumes.tear_down(&uid))
+            .await
+            .map_err(|e| SyncError::TearDown(std::io::Error::other(e)))?
+            .map_err(SyncError::TearDown)?;
         let logs = spec::log_dir(&self.node, pod);
         let _ = std::fs::remove_dir_all(logs);
         crate::cgroups::remove(&spec::pod_cgroup(&self.node, pod));
         self.forget(&pod::uid(pod));
         Ok(())
+    }
+
+    /// Tears down the directories (and mounts) of pods that are gone: not in
+    /// `keep` (the pods the agent knows, by UID). They are left by pods removed
+    /// while the agent was down, or whose removal failed half-way.
+    pub async fn clean_orphan_dirs(&self, keep: std::collections::BTreeSet<String>) {
+        let volumes = Arc::clone(&self.volumes);
+        let result = tokio::task::spawn_blocking(move || {
+            for uid in volumes.pod_dirs() {
+                if keep.contains(&uid) {
+                    continue;
+                }
+                tracing::info!(pod = %uid, "removing the directory of a pod that is gone");
+                if let Err(e) = volumes.tear_down(&uid) {
+                    tracing::warn!(pod = %uid, error = %e, "cannot remove an orphaned pod directory");
+                }
+            }
+        })
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "orphaned pod directory cleanup failed");
+        }
     }
 
     /// Removes the container instances [`evictable`] names. Dead sandboxes

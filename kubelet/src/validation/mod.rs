@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::quantity;
 
@@ -28,6 +28,7 @@ pub struct Invalid {
 }
 
 mod handlers;
+mod volumes;
 
 struct Errors(Vec<FieldError>);
 
@@ -100,7 +101,7 @@ pub fn validate(pod: &Pod) -> Result<(), Invalid> {
     if spec.containers.is_empty() {
         e.add("spec.containers", "Required value");
     }
-    let volumes = validate_volumes(spec.volumes.as_deref().unwrap_or_default(), &mut e);
+    let volumes = volumes::validate(spec.volumes.as_deref().unwrap_or_default(), &mut e);
     let grace = spec.termination_grace_period_seconds.unwrap_or(30);
     let mut names = HashSet::new();
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
@@ -142,45 +143,6 @@ fn finish(pod: &Pod, e: Errors) -> Result<(), Invalid> {
         ),
         errors: e.0,
     })
-}
-
-fn validate_volumes(volumes: &[Volume], e: &mut Errors) -> HashSet<String> {
-    let mut names = HashSet::new();
-    for (i, v) in volumes.iter().enumerate() {
-        let path = format!("spec.volumes[{i}]");
-        if !is_dns_label(&v.name) {
-            e.add(
-                format!("{path}.name"),
-                format!("Invalid value {:?}: {DNS_LABEL_MSG}", v.name),
-            );
-        } else if !names.insert(v.name.clone()) {
-            e.add(
-                format!("{path}.name"),
-                format!("Duplicate value {:?}", v.name),
-            );
-        }
-        let sources = [v.empty_dir.is_some(), v.host_path.is_some()]
-            .iter()
-            .filter(|s| **s)
-            .count();
-        if sources == 0 {
-            e.add(
-                path.clone(),
-                "must specify one supported volume type (emptyDir, hostPath)",
-            );
-        } else if sources > 1 {
-            e.add(path.clone(), "may not specify more than 1 volume type");
-        }
-        if let Some(hp) = &v.host_path
-            && !hp.path.starts_with('/')
-        {
-            e.add(
-                format!("{path}.hostPath.path"),
-                format!("Invalid value {:?}: must be an absolute path", hp.path),
-            );
-        }
-    }
-    names
 }
 
 fn validate_container(
@@ -314,7 +276,7 @@ fn validate_container(
                 );
             }
             if let Some(f) = &from.field_ref
-                && !crate::sync::env::supported_field_path(&f.field_path)
+                && !crate::downward::supported_env_field(&f.field_path)
             {
                 e.add(
                     format!("{p}.valueFrom.fieldRef.fieldPath"),
@@ -334,6 +296,7 @@ fn validate_container(
                 format!("Invalid value {:?}: must be an absolute path", m.mount_path),
             );
         }
+        volumes::validate_mount(c, m, &p, e);
     }
 }
 

@@ -69,6 +69,10 @@ struct State {
     compacted: u64,
     requests: Vec<Recorded>,
     faults: VecDeque<Fault>,
+    /// Lifetime of the tokens TokenRequest issues, seconds (0: as asked).
+    token_lifetime: i64,
+    /// Tokens issued so far (numbers them).
+    tokens: u64,
 }
 
 /// The mock API server.
@@ -105,6 +109,9 @@ fn kind_of(coll: &str) -> (&'static str, &'static str) {
         "events" => ("Event", "v1"),
         "secrets" => ("Secret", "v1"),
         "configmaps" => ("ConfigMap", "v1"),
+        "serviceaccounts" => ("ServiceAccount", "v1"),
+        "persistentvolumeclaims" => ("PersistentVolumeClaim", "v1"),
+        "persistentvolumes" => ("PersistentVolume", "v1"),
         _ => ("Unknown", "v1"),
     }
 }
@@ -332,6 +339,11 @@ impl MockApi {
 
     /// Forgets history: watches from any version before the current one get
     /// 410 Gone (a watch from the current version, as after a relist, is fine).
+    /// Makes TokenRequest issue tokens living `seconds` (0: as asked).
+    pub fn set_token_lifetime(&self, seconds: i64) {
+        self.lock().token_lifetime = seconds;
+    }
+
     pub fn compact(&self) {
         let mut st = self.lock();
         st.compacted = st.rv;
@@ -614,6 +626,40 @@ impl MockApi {
                 }
                 let created = self.insert(&mut st, &coll, &ns, obj);
                 (StatusCode::CREATED, axum::Json(created)).into_response()
+            }
+            (Method::POST, false) if coll == "serviceaccounts" && sub == "token" => {
+                // TokenRequest: a token bound to the pod, expiring as asked
+                // (or after the lifetime a test set).
+                if existing.is_none() {
+                    return status(
+                        404,
+                        "NotFound",
+                        &format!("serviceaccounts \"{name}\" not found"),
+                    );
+                }
+                let Some(mut req) = body_json else {
+                    return status(400, "BadRequest", "body is not JSON");
+                };
+                let asked = req["spec"]["expirationSeconds"].as_i64().unwrap_or(3600);
+                let lifetime = if st.token_lifetime > 0 {
+                    st.token_lifetime
+                } else {
+                    asked
+                };
+                st.tokens += 1;
+                let expires = k8s_openapi::jiff::Timestamp::now()
+                    + k8s_openapi::jiff::SignedDuration::from_secs(lifetime);
+                let pod = req["spec"]["boundObjectRef"]["name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned();
+                req["kind"] = json!("TokenRequest");
+                req["apiVersion"] = json!("authentication.k8s.io/v1");
+                req["status"] = json!({
+                    "token": format!("token-{}-{}-{}", name, pod, st.tokens),
+                    "expirationTimestamp": expires.to_string(),
+                });
+                (StatusCode::CREATED, axum::Json(req)).into_response()
             }
             (Method::PUT, false) => {
                 let (Some(old), Some(mut obj)) = (existing, body_json) else {

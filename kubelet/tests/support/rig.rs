@@ -84,6 +84,11 @@ pub async fn rig() -> Rig {
                 client,
                 node,
                 Arc::new(NoApiServer),
+                Arc::new(evlet::volume::VolumeManager::new(
+                    root.path().to_path_buf(),
+                    Arc::new(evlet::volume::NoApiServer),
+                    evlet::volume::NodeFacts::default(),
+                )),
                 Arc::clone(&diagnostics) as _,
             )),
             cache: reader,

@@ -1,0 +1,183 @@
+//! The downward API: a pod's own fields and a container's resources, as env
+//! values and as files of `downwardAPI` volumes (upstream's `fieldpath`
+//! package). Pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::quantity;
+
+/// Field paths `fieldRef` supports in env vars (upstream's list).
+pub fn supported_env_field(path: &str) -> bool {
+    matches!(
+        path,
+        "metadata.name"
+            | "metadata.namespace"
+            | "metadata.uid"
+            | "spec.nodeName"
+            | "spec.serviceAccountName"
+            | "status.hostIP"
+            | "status.hostIPs"
+            | "status.podIP"
+            | "status.podIPs"
+    ) || path.starts_with("metadata.labels['")
+        || path.starts_with("metadata.annotations['")
+}
+
+/// Field paths `fieldRef` supports in `downwardAPI` volume items: the pod's
+/// metadata only (upstream's volume validation).
+pub fn supported_volume_field(path: &str) -> bool {
+    matches!(
+        path,
+        "metadata.name"
+            | "metadata.namespace"
+            | "metadata.uid"
+            | "metadata.labels"
+            | "metadata.annotations"
+    ) || path.starts_with("metadata.labels['")
+        || path.starts_with("metadata.annotations['")
+}
+
+/// The value of field `path` of `pod`, with the pod and host IPs known at run
+/// time. None for a path it does not have.
+pub fn field(pod: &Pod, path: &str, pod_ip: Option<&str>, host_ip: Option<&str>) -> Option<String> {
+    let meta = &pod.metadata;
+    let keyed = |prefix: &str, map: &Option<BTreeMap<String, String>>| {
+        let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
+        Some(
+            map.as_ref()
+                .and_then(|m| m.get(key))
+                .cloned()
+                .unwrap_or_default(),
+        )
+    };
+    match path {
+        "metadata.name" => meta.name.clone(),
+        "metadata.namespace" => Some(crate::pod::namespace(pod).to_owned()),
+        "metadata.uid" => meta.uid.clone(),
+        "metadata.labels" => Some(format_map(meta.labels.as_ref())),
+        "metadata.annotations" => Some(format_map(meta.annotations.as_ref())),
+        "spec.nodeName" => pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        "spec.serviceAccountName" => pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone()),
+        "status.hostIP" | "status.hostIPs" => host_ip.map(str::to_owned),
+        "status.podIP" | "status.podIPs" => pod_ip.map(str::to_owned),
+        p if p.starts_with("metadata.labels['") => keyed("metadata.labels['", &meta.labels),
+        p if p.starts_with("metadata.annotations['") => {
+            keyed("metadata.annotations['", &meta.annotations)
+        }
+        _ => None,
+    }
+}
+
+/// Labels or annotations as a downward API file: `key="value"` lines in key
+/// order, values quoted as Go's `%q` (upstream's `fieldpath.FormatMap`).
+pub fn format_map(map: Option<&BTreeMap<String, String>>) -> String {
+    map.into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", go_quote(v)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Go's `strconv.Quote`: double quotes, with `"`, `\` and non-printable
+/// characters escaped.
+pub fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Why a `resourceFieldRef` has no value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceError {
+    /// A resource the downward API does not offer.
+    #[error("unsupported resource {0:?}")]
+    Unsupported(String),
+    /// A resource value or divisor that is not a quantity.
+    #[error(transparent)]
+    Quantity(#[from] quantity::InvalidQuantity),
+    /// A divisor of zero.
+    #[error("divisor must not be 0")]
+    ZeroDivisor,
+}
+
+/// Container `c`'s `resource` (`limits.cpu`, `requests.memory`, ...) in units
+/// of `divisor`, rounded up (upstream's `ExtractContainerResourceValue`).
+///
+/// # Errors
+/// [`ResourceError`] for an unknown resource, a bad quantity or a zero divisor.
+pub fn resource(
+    c: &Container,
+    resource: &str,
+    divisor: Option<&str>,
+) -> Result<String, ResourceError> {
+    let unsupported = || ResourceError::Unsupported(resource.to_owned());
+    let (kind, name) = resource.split_once('.').ok_or_else(unsupported)?;
+    let res = c.resources.as_ref();
+    let list = match kind {
+        "limits" => res.and_then(|r| r.limits.as_ref()),
+        "requests" => res.and_then(|r| r.requests.as_ref()),
+        _ => return Err(unsupported()),
+    };
+    let q = list.and_then(|l| l.get(name)).map(|q| q.0.as_str());
+    let cpu = name == "cpu";
+    let value = match q {
+        Some(q) if cpu => quantity::parse_milli(q)?,
+        Some(q) => quantity::parse(q)?,
+        // Upstream falls back to node allocatable for unset limits; report 0 here.
+        None => 0,
+    };
+    let div = match divisor {
+        Some(d) if cpu => quantity::parse_milli(d)?,
+        Some(d) => quantity::parse(d)?,
+        None if cpu => 1000,
+        None => 1,
+    };
+    if div == 0 {
+        return Err(ResourceError::ZeroDivisor);
+    }
+    Ok(((value + div - 1) / div).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_are_sorted_lines_quoted_as_go_does() {
+        let m: BTreeMap<String, String> = [
+            ("b".to_owned(), "two words".to_owned()),
+            ("a".to_owned(), "say \"hi\"\n".to_owned()),
+        ]
+        .into();
+        assert_eq!(
+            format_map(Some(&m)),
+            "a=\"say \\\"hi\\\"\\n\"\nb=\"two words\""
+        );
+        assert_eq!(format_map(None), "");
+        assert_eq!(go_quote("é\u{1}"), "\"é\\x01\"");
+    }
+}

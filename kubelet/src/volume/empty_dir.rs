@@ -1,0 +1,97 @@
+//! `emptyDir` (and the directories of projected volumes): a directory with
+//! mode 0777 whatever the umask, or a tmpfs mounted on it.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+/// The size of a memory-backed volume: the smallest of the node's memory, the
+/// pod's memory limit (the sum of its containers' limits, if all have one)
+/// and the volume's `sizeLimit` (upstream's `calculateEmptyDirMemorySize`).
+pub fn memory_size(node_memory: u64, pod: &Pod, size_limit: Option<&Quantity>) -> u64 {
+    let mut size = node_memory;
+    let limits: Option<i64> = pod.spec.as_ref().and_then(|s| {
+        s.containers
+            .iter()
+            .map(|c| crate::resources::values(c, crate::resources::List::Limits).1)
+            .sum()
+    });
+    if let Some(l) = limits
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|l| *l > 0 && *l <= size)
+    {
+        size = l;
+    }
+    if let Some(l) = size_limit
+        .and_then(|q| crate::quantity::parse(&q.0).ok())
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|l| *l > 0 && *l <= size)
+    {
+        size = l;
+    }
+    size
+}
+
+/// Makes `dir` (0777), with a tmpfs of `memory` bytes on it when asked.
+/// Idempotent: an existing directory or tmpfs is kept.
+///
+/// # Errors
+/// What failed, naming the directory.
+pub fn set_up(dir: &Path, memory: Option<u64>) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let set_mode = || {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+            .map_err(|e| format!("chmod {}: {e}", dir.display()))
+    };
+    let Some(size) = memory else {
+        return set_mode();
+    };
+    if super::mount::fs_type(dir).as_deref() == Some("tmpfs") {
+        return Ok(());
+    }
+    super::mount::tmpfs(dir, (size > 0).then_some(size))
+        .map_err(|e| format!("cannot mount a tmpfs at {}: {e}", dir.display()))?;
+    set_mode()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_smallest_of_node_pod_and_size_limit() {
+        let pod = |limits: &str| -> Pod {
+            serde_yaml::from_str(&format!(
+                "spec:\n  containers:\n  - {{name: a, resources: {{limits: {{{limits}}}}}}}\n  - {{name: b, resources: {{limits: {{memory: 64Mi}}}}}}\n"
+            ))
+            .expect("pod")
+        };
+        let gib = 1 << 30;
+        assert_eq!(memory_size(gib, &pod("memory: 64Mi"), None), 128 << 20);
+        assert_eq!(
+            memory_size(gib, &pod("cpu: 1"), None),
+            gib,
+            "a container without a limit"
+        );
+        assert_eq!(
+            memory_size(gib, &pod("memory: 64Mi"), Some(&Quantity("16Mi".into()))),
+            16 << 20
+        );
+        assert_eq!(
+            memory_size(100, &pod("memory: 64Mi"), None),
+            100,
+            "the node is smaller"
+        );
+    }
+
+    #[test]
+    fn a_disk_volume_is_world_writable() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let v = dir.path().join("v");
+        set_up(&v, None).expect("set up");
+        let mode = std::fs::metadata(&v).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o777);
+    }
+}
