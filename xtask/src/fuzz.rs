@@ -28,6 +28,10 @@ pub const TARGETS: &[(&str, &str)] = &[
         "kubelet_config",
         "the KubeletConfiguration file, Go durations and --register-with-taints",
     ),
+    (
+        "cri_log",
+        "CRI log records and tails of log files (logs, termination messages)",
+    ),
 ];
 
 /// The cargo-fuzz release installed into the tools dir.
