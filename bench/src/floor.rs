@@ -56,7 +56,7 @@ async fn start_pod(
     pod: &Pod,
     restart_count: u32,
 ) -> Result<SandboxId> {
-    let sandbox_config = spec::sandbox_config(node, pod, 0);
+    let sandbox_config = spec::sandbox_config(node, pod, 0)?;
     std::fs::create_dir_all(spec::log_dir(node, pod))?;
     let sandbox = client.run_pod_sandbox(sandbox_config.clone(), "").await?;
     create_start_one(client, node, pod, &sandbox, restart_count).await?;
@@ -70,7 +70,7 @@ async fn create_start_one(
     sandbox: &SandboxId,
     restart_count: u32,
 ) -> Result<()> {
-    let sandbox_config = spec::sandbox_config(node, pod, 0);
+    let sandbox_config = spec::sandbox_config(node, pod, 0)?;
     let c = pod
         .spec
         .as_ref()
@@ -91,6 +91,7 @@ async fn create_start_one(
             restart_count,
             pod_ip: None,
             objects: &objects,
+            services: &[],
             termination_log: Some(&log),
             mounts: &[],
         },
@@ -121,6 +122,7 @@ pub async fn measure(
         pods_cgroup: format!("{}/kubepods", cgroup_root.trim_end_matches('/')),
         host_ip: None,
         memory_capacity: 1 << 30,
+        ..Default::default()
     });
     let pods = pods(n, image)?;
     let started = Instant::now();

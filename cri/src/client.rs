@@ -452,15 +452,17 @@ impl RuntimeClient {
         Ok(rpc!(self.images.image_status(req), call).await?.image)
     }
 
-    /// `PullImage`: returns the image reference (digest) the runtime resolved.
+    /// `PullImage` with registry credentials `auth`: returns the image
+    /// reference (digest) the runtime resolved.
     pub async fn pull_image(
         &self,
         image: &str,
+        auth: Option<api::AuthConfig>,
         sandbox_config: Option<api::PodSandboxConfig>,
     ) -> Result<String, Error> {
         let req = api::PullImageRequest {
             image: Some(image_spec(image)),
-            auth: None,
+            auth,
             sandbox_config,
         };
         let call = self.mutate("PullImage", Some(image), Idempotent::No);

@@ -183,7 +183,7 @@ async fn a_dropped_event_stream_ends_with_an_error() {
 async fn pulling_an_unknown_image_is_not_found() {
     let (_server, client) = setup(Options::default()).await;
     let err = client
-        .pull_image("example.invalid/nope:1", None)
+        .pull_image("example.invalid/nope:1", None, None)
         .await
         .expect_err("not pullable");
     assert_eq!(err.kind, ErrorKind::NotFound);

@@ -264,7 +264,7 @@ async fn local_images_have_status_and_foreign_pulls_fail_clearly() {
             let err = within(
                 Duration::from_secs(60),
                 "a failing pull",
-                c.client.pull_image("example.invalid/absent:1", None),
+                c.client.pull_image("example.invalid/absent:1", None, None),
             )
             .await
             .expect_err("no registry is reachable");

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::admission::Allocatable;
 use crate::api::objects::ApiEnvObjects;
 use crate::api::pods::Mirrors;
+use crate::api::services::ServiceCache;
 use crate::api::status::StatusManager;
 use crate::api::tokens::TokenManager;
 use crate::api::volumes::{ApiClientHandle, ApiVolumeSources};
@@ -93,9 +94,18 @@ pub struct Handles {
 /// # Errors
 /// [`StartError`] if the root directory, the runtime or the HTTP address is unusable.
 pub async fn start(
-    config: Config,
+    mut config: Config,
     shutdown: CancellationToken,
 ) -> Result<(Handles, tokio::task::JoinHandle<()>), StartError> {
+    if config.node_ip.is_none() {
+        match config::detect_node_ip(&config.node_name) {
+            Ok(ip) => {
+                tracing::info!(node_ip = %ip, "detected the node's IP (no --node-ip)");
+                config.node_ip = Some(ip);
+            }
+            Err(e) => tracing::warn!(error = %e, "pods get no hostIP"),
+        }
+    }
     std::fs::create_dir_all(&config.root_dir).map_err(|source| StartError::RootDir {
         path: config.root_dir.clone(),
         source,
@@ -133,6 +143,7 @@ pub async fn start(
     // env values and volumes; their changes sync the pods that use them.
     let readers = config.api.as_ref().map(|c| ApiReaders {
         objects: ObjectCache::new(c.0.clone(), objects_tx, shutdown.child_token()),
+        services: ServiceCache::start(c.0.clone(), shutdown.child_token()),
         tokens: TokenManager::new(c.0.clone(), refresh_tx, shutdown.child_token()),
         client: c.0.clone(),
     });
@@ -213,6 +224,7 @@ pub async fn start(
         metrics: Arc::clone(&metrics),
         served: Arc::clone(&served),
         hints: pleg.hints.clone(),
+        allowed_unsafe_sysctls: config.pods.allowed_unsafe_sysctls.clone(),
         api,
     };
     let handles = Handles {
@@ -409,6 +421,7 @@ fn pods_cgroup(config: &Config) -> String {
 /// What API-server mode reads for pods: watched objects and tokens.
 struct ApiReaders {
     objects: Arc<ObjectCache>,
+    services: Arc<ServiceCache>,
     tokens: Arc<TokenManager>,
     client: kube::Client,
 }
@@ -432,10 +445,26 @@ fn build_syncer(
             .ok()
             .filter(|m| *m > 0)
             .unwrap_or(1 << 30),
+        dns: crate::dns::NodeDns {
+            cluster_dns: config.pods.cluster_dns.clone(),
+            cluster_domain: config.pods.cluster_domain.clone(),
+            resolv_conf: config.pods.resolv_conf.as_ref().and_then(|p| {
+                std::fs::read_to_string(p)
+                    .map_err(|e| tracing::warn!(path = %p.display(), error = %e, "cannot read resolvConf; pods get no host resolver config"))
+                    .ok()
+            }),
+            node_ips: config.node_ip.iter().cloned().collect(),
+        },
+        seccomp_default: config.pods.seccomp_default,
+        parallel_image_pulls: config.pods.parallel_image_pulls,
     };
     let (objects, sources): (Arc<dyn EnvObjects>, Arc<dyn VolumeSources>) = match readers {
         Some(r) => (
-            Arc::new(ApiEnvObjects(Arc::clone(&r.objects))),
+            Arc::new(ApiEnvObjects {
+                objects: Arc::clone(&r.objects),
+                services: Arc::clone(&r.services),
+                client: r.client.clone(),
+            }),
             Arc::new(ApiVolumeSources {
                 objects: Arc::clone(&r.objects),
                 tokens: Arc::clone(&r.tokens),
@@ -555,6 +584,7 @@ fn start_api(
         hostname: config::hostname(),
         max_pods: config.max_pods,
         taints: config.register_with_taints.clone(),
+        labels: config.node_labels.clone(),
         root_dir: config.root_dir.clone(),
         runtime_version,
         port: config.address.port(),
@@ -579,6 +609,11 @@ fn start_api(
             memory: i64::try_from(machine.memory).unwrap_or(i64::MAX),
             pods: i64::from(config.max_pods),
         },
+        node: Some(api::node::SelfWatch::start(
+            api_client.0.clone(),
+            &config.node_name,
+            shutdown.child_token(),
+        )),
         rejected: BTreeSet::new(),
         finished: BTreeSet::new(),
     }

@@ -82,6 +82,70 @@ pub struct Config {
     pub max_pods: u32,
     /// `--register-with-taints`.
     pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// What the node gives every pod: DNS, seccomp default, allowed sysctls.
+    pub pods: PodSettings,
+    /// `--node-labels`: labels the node registers with, beside its defaults.
+    pub node_labels: std::collections::BTreeMap<String, String>,
+}
+
+/// The node's settings for the pods it runs (KubeletConfiguration fields of the
+/// same names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSettings {
+    /// `clusterDNS`: the cluster DNS service's IPs (ClusterFirst pods use them).
+    pub cluster_dns: Vec<String>,
+    /// `clusterDomain` (no default upstream).
+    pub cluster_domain: String,
+    /// `resolvConf`: the node's resolver file (`/etc/resolv.conf`); None when
+    /// set to "" (no host resolver config, as upstream).
+    pub resolv_conf: Option<PathBuf>,
+    /// `seccompDefault`: containers without a profile run RuntimeDefault.
+    pub seccomp_default: bool,
+    /// `allowedUnsafeSysctls`: sysctls (or `prefix*` patterns) allowed beyond the safe set.
+    pub allowed_unsafe_sysctls: Vec<String>,
+    /// `serializeImagePulls` / `maxParallelImagePulls`: pulls at once (1: serialized).
+    pub parallel_image_pulls: usize,
+}
+
+impl Default for PodSettings {
+    fn default() -> Self {
+        Self {
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            resolv_conf: Some(PathBuf::from("/etc/resolv.conf")),
+            seccomp_default: false,
+            allowed_unsafe_sysctls: Vec::new(),
+            parallel_image_pulls: 1,
+        }
+    }
+}
+
+/// Checks the pod settings as upstream validates its configuration.
+///
+/// # Errors
+/// Upstream's message naming the option.
+pub fn check_pod_settings(pods: &PodSettings) -> Result<(), String> {
+    for ip in &pods.cluster_dns {
+        if ip.parse::<std::net::IpAddr>().is_err() {
+            return Err(format!(
+                "invalid configuration: clusterDNS (--cluster-dns) {ip} is not a valid IP address"
+            ));
+        }
+    }
+    if !pods.cluster_domain.is_empty()
+        && !pods.cluster_domain.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+    {
+        return Err(format!(
+            "invalid configuration: clusterDomain (--cluster-domain) {:?} is not a valid DNS subdomain",
+            pods.cluster_domain
+        ));
+    }
+    Ok(())
 }
 
 /// Upstream's default `maxPods`.
@@ -145,6 +209,21 @@ pub struct KubeletConfiguration {
     pub max_pods: Option<u32>,
     /// `--register-with-taints`.
     pub register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+    /// Cluster DNS service IPs.
+    #[serde(rename = "clusterDNS")]
+    pub cluster_dns: Option<Vec<String>>,
+    /// The cluster's DNS domain.
+    pub cluster_domain: Option<String>,
+    /// The node's resolver file ("" for none).
+    pub resolv_conf: Option<String>,
+    /// RuntimeDefault seccomp for containers without a profile.
+    pub seccomp_default: Option<bool>,
+    /// Unsafe sysctls pods may set.
+    pub allowed_unsafe_sysctls: Option<Vec<String>>,
+    /// One image pull at a time.
+    pub serialize_image_pulls: Option<bool>,
+    /// Image pulls at once when not serialized.
+    pub max_parallel_image_pulls: Option<i32>,
 }
 
 const KNOWN: &[&str] = &[
@@ -162,6 +241,13 @@ const KNOWN: &[&str] = &[
     "plegSafetyRelistPeriod",
     "maxPods",
     "registerWithTaints",
+    "clusterDNS",
+    "clusterDomain",
+    "resolvConf",
+    "seccompDefault",
+    "allowedUnsafeSysctls",
+    "serializeImagePulls",
+    "maxParallelImagePulls",
 ];
 
 /// A taint of `--register-with-taints` that does not parse.
@@ -172,6 +258,67 @@ pub struct InvalidTaint {
     pub taint: String,
     /// What is wrong with it.
     pub problem: &'static str,
+}
+
+/// Label namespaces and labels of `kubernetes.io`/`k8s.io` a node may set
+/// on itself (upstream's `kubeletapis.KubeletLabels` and namespaces).
+const NODE_LABEL_NAMESPACES: &[&str] = &["kubelet.kubernetes.io", "node.kubernetes.io"];
+const NODE_LABELS: &[&str] = &[
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "node.kubernetes.io/instance-type",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+];
+
+/// Parses `--node-labels` (`key=value,key=value`) and refuses what upstream
+/// refuses: labels in the `kubernetes.io` or `k8s.io` namespaces other than
+/// the well-known ones and those under `kubelet.kubernetes.io` and
+/// `node.kubernetes.io` (a node may not give itself, say, a role).
+///
+/// # Errors
+/// Names the malformed pair, or lists the forbidden labels as upstream does.
+pub fn parse_node_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut labels = std::collections::BTreeMap::new();
+    let mut forbidden = Vec::new();
+    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(format!("invalid label {pair:?}: want key=value"));
+        };
+        if let Err(e) = crate::validation::label_key(key) {
+            return Err(format!("invalid label key {key:?}: {e}"));
+        }
+        if let Err(e) = crate::validation::label_value(value) {
+            return Err(format!("invalid label value {value:?} of {key:?}: {e}"));
+        }
+        let namespace = key.split_once('/').map_or("", |(ns, _)| ns);
+        let restricted =
+            |suffix: &str| namespace == suffix || namespace.ends_with(&format!(".{suffix}"));
+        let allowed = NODE_LABELS.contains(&key)
+            || NODE_LABEL_NAMESPACES
+                .iter()
+                .any(|ns| namespace == *ns || namespace.ends_with(&format!(".{ns}")));
+        if (restricted("kubernetes.io") || restricted("k8s.io")) && !allowed {
+            forbidden.push(key.to_owned());
+        }
+        labels.insert(key.to_owned(), value.to_owned());
+    }
+    if !forbidden.is_empty() {
+        return Err(format!(
+            "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: {forbidden:?}\n\
+             --node-labels in the 'kubernetes.io' namespace must begin with an allowed prefix \
+             (kubelet.kubernetes.io, node.kubernetes.io) or be in the specifically allowed set \
+             ({})",
+            NODE_LABELS.join(", ")
+        ));
+    }
+    Ok(labels)
 }
 
 /// Parses `--register-with-taints` (`key=value:Effect,key:Effect`).
@@ -312,10 +459,257 @@ impl KubeletConfiguration {
             ("plegSafetyRelistPeriod", &cfg.pleg_safety_relist_period),
         ] {
             if let Some(v) = value {
-                parse_duration(v).map_err(|e| invalid(format!("{field}: {e}")))?;
+                let d = parse_duration(v).map_err(|e| invalid(format!("{field}: {e}")))?;
+                // A zero period would busy-loop the loop it drives.
+                if d < Duration::from_millis(100) {
+                    return Err(invalid(format!(
+                        "{field}: Invalid value {v:?}: must be at least 100ms"
+                    )));
+                }
             }
         }
+        if let Some(n) = cfg.max_parallel_image_pulls {
+            if n < 1 {
+                return Err(invalid(format!(
+                    "invalid configuration: maxParallelImagePulls {n} must be a positive number"
+                )));
+            }
+            if n > 1 && cfg.serialize_image_pulls != Some(false) {
+                return Err(invalid(
+                    "invalid configuration: maxParallelImagePulls cannot be larger than 1 unless SerializeImagePulls (--serialize-image-pulls) is set to false".into(),
+                ));
+            }
+        }
+        check_pod_settings(&cfg.pod_settings()).map_err(invalid)?;
         Ok(cfg)
+    }
+
+    /// The pod settings this file asks for, upstream's defaults for the rest.
+    pub fn pod_settings(&self) -> PodSettings {
+        let d = PodSettings::default();
+        let serialize = self
+            .serialize_image_pulls
+            .unwrap_or(self.max_parallel_image_pulls.is_none_or(|n| n < 2));
+        PodSettings {
+            cluster_dns: self.cluster_dns.clone().unwrap_or_default(),
+            cluster_domain: self
+                .cluster_domain
+                .clone()
+                .unwrap_or_default()
+                .trim_end_matches('.')
+                .to_owned(),
+            resolv_conf: match self.resolv_conf.as_deref() {
+                None => d.resolv_conf,
+                Some("") => None,
+                Some(p) => Some(PathBuf::from(p)),
+            },
+            seccomp_default: self.seccomp_default.unwrap_or(false),
+            allowed_unsafe_sysctls: self.allowed_unsafe_sysctls.clone().unwrap_or_default(),
+            parallel_image_pulls: if serialize {
+                1
+            } else {
+                self.max_parallel_image_pulls
+                    .and_then(|n| usize::try_from(n).ok())
+                    .unwrap_or(usize::MAX >> 1)
+            },
+        }
+    }
+}
+
+/// Upstream kubelet flags evlet does not implement and that change nothing
+/// it would do differently: accepted, with one warning line each (name,
+/// takes a value, why it is harmless).
+const HARMLESS_FLAGS: &[(&str, bool, &str)] = &[
+    ("v", true, "log verbosity is set with RUST_LOG"),
+    ("vmodule", true, "log verbosity is set with RUST_LOG"),
+    ("log-flush-frequency", true, "logs are not buffered"),
+    ("logtostderr", true, "evlet logs to stderr"),
+    (
+        "register-node",
+        true,
+        "with --kubeconfig evlet always registers its node",
+    ),
+    (
+        "fail-swap-on",
+        true,
+        "evlet does not refuse to start with swap on",
+    ),
+    (
+        "cloud-provider",
+        true,
+        "only \"\" and \"external\" exist upstream; evlet sets no cloud fields",
+    ),
+    (
+        "image-service-endpoint",
+        true,
+        "images are served by the runtime endpoint",
+    ),
+    (
+        "runtime-cgroups",
+        true,
+        "the runtime's cgroup is the runtime's own business",
+    ),
+    (
+        "kubelet-cgroups",
+        true,
+        "evlet runs in the cgroup it was started in",
+    ),
+    (
+        "pod-infra-container-image",
+        true,
+        "removed upstream in 1.35; the runtime's sandbox image is used",
+    ),
+    (
+        "experimental-mounter-path",
+        true,
+        "deprecated upstream; mounts are made directly",
+    ),
+    (
+        "register-schedulable",
+        true,
+        "deprecated upstream; use --register-with-taints",
+    ),
+];
+
+/// Upstream kubelet flags that, ignored, would make evlet less safe or run
+/// pods differently than asked: refused, with the reason.
+const REFUSED_FLAGS: &[(&str, &str)] = &[
+    (
+        "anonymous-auth",
+        "the kubelet API's authentication is not implemented by evlet yet",
+    ),
+    (
+        "authentication-token-webhook",
+        "the kubelet API's authentication is not implemented by evlet yet",
+    ),
+    (
+        "authorization-mode",
+        "the kubelet API's authorization is not implemented by evlet yet",
+    ),
+    (
+        "client-ca-file",
+        "the kubelet API's client certificates are not implemented by evlet yet",
+    ),
+    (
+        "tls-cert-file",
+        "the kubelet API's TLS serving is not implemented by evlet yet",
+    ),
+    (
+        "tls-private-key-file",
+        "the kubelet API's TLS serving is not implemented by evlet yet",
+    ),
+    (
+        "cgroup-driver",
+        "evlet speaks the cgroupfs driver only; the systemd driver is not implemented",
+    ),
+    (
+        "kube-reserved",
+        "node allocatable reservations are not implemented by evlet yet",
+    ),
+    (
+        "system-reserved",
+        "node allocatable reservations are not implemented by evlet yet",
+    ),
+    (
+        "eviction-hard",
+        "the eviction manager is not implemented by evlet yet",
+    ),
+    (
+        "eviction-soft",
+        "the eviction manager is not implemented by evlet yet",
+    ),
+    (
+        "enforce-node-allocatable",
+        "node allocatable enforcement is not implemented by evlet yet",
+    ),
+    (
+        "feature-gates",
+        "evlet has no feature gates; each feature is on or refused",
+    ),
+];
+
+/// Splits the command line into what evlet parses and one warning per
+/// harmless upstream flag it drops.
+///
+/// # Errors
+/// A refused upstream flag, with the reason.
+pub fn compat_args(args: Vec<String>) -> Result<(Vec<String>, Vec<String>), String> {
+    let mut kept = Vec::with_capacity(args.len());
+    let mut warnings = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let Some(flag) = arg.strip_prefix("--").or_else(|| {
+            arg.strip_prefix('-')
+                .filter(|f| f.starts_with("v=") || *f == "v")
+        }) else {
+            kept.push(arg);
+            continue;
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (flag, None),
+        };
+        if let Some((_, why)) = REFUSED_FLAGS.iter().find(|(n, _)| *n == name) {
+            return Err(format!("flag --{name} is refused: {why}"));
+        }
+        if let Some((_, takes_value, why)) = HARMLESS_FLAGS.iter().find(|(n, _, _)| *n == name) {
+            if *takes_value && inline.is_none() {
+                it.next();
+            }
+            warnings.push(format!("flag --{name} is accepted and ignored: {why}"));
+            continue;
+        }
+        kept.push(arg);
+    }
+    Ok((kept, warnings))
+}
+
+/// The node's IP when `--node-ip` is not given, as upstream looks for it: the
+/// hostname if it is an IP, then the addresses the node's name resolves to,
+/// then the address of the interface of the default route. Loopback,
+/// link-local, multicast and unspecified addresses are never chosen.
+///
+/// # Errors
+/// Upstream's `can't get ip address of node <name>` when nothing qualifies.
+pub fn detect_node_ip(node_name: &str) -> Result<String, String> {
+    use std::net::{IpAddr, ToSocketAddrs as _, UdpSocket};
+    let usable = |ip: &IpAddr| {
+        !ip.is_loopback()
+            && !ip.is_unspecified()
+            && !ip.is_multicast()
+            && !matches!(ip, IpAddr::V4(v4) if v4.is_link_local())
+            && !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
+    };
+    if let Ok(ip) = node_name.parse::<IpAddr>()
+        && usable(&ip)
+    {
+        return Ok(ip.to_string());
+    }
+    let resolved: Vec<IpAddr> = (node_name, 0)
+        .to_socket_addrs()
+        .map(|a| a.map(|s| s.ip()).collect())
+        .unwrap_or_default();
+    if let Some(ip) = resolved
+        .iter()
+        .find(|ip| ip.is_ipv4() && usable(ip))
+        .or_else(|| resolved.iter().find(|ip| usable(ip)))
+    {
+        return Ok(ip.to_string());
+    }
+    // The source address the kernel picks for the default route (a UDP
+    // "connect" sends nothing).
+    let routed = UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9").map(|()| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip());
+    match routed {
+        Ok(ip) if usable(&ip) => Ok(ip.to_string()),
+        Ok(ip) => Err(format!(
+            "can't get ip address of node {node_name}. error: the default route's address {ip} is not usable"
+        )),
+        Err(e) => Err(format!(
+            "can't get ip address of node {node_name}. error: {e}"
+        )),
     }
 }
 
@@ -353,6 +747,79 @@ mod tests {
         assert_eq!((t[1].key.as_str(), t[1].value.as_deref()), ("gpu", None));
         let err = parse_taints("a=b:Sometimes").expect_err("bad effect");
         assert!(err.to_string().contains("a=b:Sometimes"), "{err}");
+    }
+
+    #[test]
+    fn upstream_flags_are_accepted_with_a_warning_or_refused_with_a_reason() {
+        let args: Vec<String> = [
+            "evlet",
+            "--v=2",
+            "--fail-swap-on",
+            "false",
+            "--root-dir",
+            "/r",
+            "--cloud-provider=",
+        ]
+        .map(String::from)
+        .to_vec();
+        let (kept, warnings) = compat_args(args).expect("accepted");
+        assert_eq!(kept, ["evlet", "--root-dir", "/r"]);
+        assert_eq!(warnings.len(), 3);
+        assert!(warnings[1].starts_with("flag --fail-swap-on is accepted and ignored"));
+        let err = compat_args(vec!["evlet".into(), "--authorization-mode=Webhook".into()])
+            .expect_err("refused");
+        assert!(
+            err.starts_with("flag --authorization-mode is refused"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn node_labels_parse_and_a_node_may_not_give_itself_a_role() {
+        let l = parse_node_labels(
+            "team=storage, node.kubernetes.io/pool=edge,topology.kubernetes.io/zone=a",
+        )
+        .expect("labels");
+        assert_eq!(l.len(), 3);
+        assert_eq!(l["node.kubernetes.io/pool"], "edge");
+        let err =
+            parse_node_labels("node-role.kubernetes.io/control-plane=,a=b").expect_err("refused");
+        assert!(
+            err.starts_with("unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: [\"node-role.kubernetes.io/control-plane\"]"),
+            "{err}"
+        );
+        assert!(parse_node_labels("sub.k8s.io/x=y").is_err());
+        assert!(parse_node_labels("foo.kubelet.kubernetes.io/x=y").is_ok());
+        assert!(
+            parse_node_labels("novalue")
+                .expect_err("pair")
+                .contains("want key=value")
+        );
+        assert!(
+            parse_node_labels("a=-bad")
+                .expect_err("value")
+                .contains("invalid label value")
+        );
+        assert!(
+            parse_node_labels("Bad_Prefix/x=y")
+                .expect_err("key")
+                .contains("invalid label key")
+        );
+    }
+
+    #[test]
+    fn cluster_dns_must_be_ips() {
+        let text = "kind: KubeletConfiguration\nclusterDNS: [10.96.0.10, kube-dns]\n";
+        let err = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect_err("invalid");
+        assert!(
+            err.to_string()
+                .contains("clusterDNS (--cluster-dns) kube-dns is not a valid IP address"),
+            "{err}"
+        );
+        let text =
+            "kind: KubeletConfiguration\nclusterDNS: [10.96.0.10]\nclusterDomain: cluster.local.\n";
+        let cfg = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect("valid");
+        assert_eq!(cfg.pod_settings().cluster_domain, "cluster.local");
     }
 
     #[test]

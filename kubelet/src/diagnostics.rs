@@ -92,6 +92,10 @@ pub struct Event {
     /// The container it is about, if one (`involvedObject.fieldPath`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// Where the container is in the spec: `spec.containers{name}`, or
+    /// `spec.initContainers{name}` for an init container.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field_path: Option<String>,
     /// When (RFC 3339).
     pub time: String,
 }
@@ -113,9 +117,29 @@ impl Event {
             pod: crate::pod::name(pod).into(),
             pod_uid: crate::pod::uid(pod).0,
             container: container.map(str::to_owned),
+            field_path: container.map(|c| field_path(pod, c)),
             time: crate::clock::now().0.to_string(),
         }
     }
+}
+
+/// The container's `involvedObject.fieldPath` as upstream writes it.
+fn field_path(pod: &k8s_openapi::api::core::v1::Pod, container: &str) -> String {
+    let spec = pod.spec.as_ref();
+    let init = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.name == container));
+    let ephemeral = spec
+        .and_then(|s| s.ephemeral_containers.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.name == container));
+    let list = if init {
+        "initContainers"
+    } else if ephemeral {
+        "ephemeralContainers"
+    } else {
+        "containers"
+    };
+    format!("spec.{list}{{{container}}}")
 }
 
 /// Records Kubernetes-style events (the syncer's Pulled, Created, Started,
@@ -170,6 +194,7 @@ impl Diagnostics {
             pod: record.pod.clone(),
             pod_uid: record.pod_uid.clone(),
             container: Some(record.container.clone()),
+            field_path: Some(format!("spec.containers{{{}}}", record.container)),
             time: record.time.clone(),
         });
         push(&self.ooms, record);
@@ -192,5 +217,26 @@ impl Diagnostics {
     /// Every kept event, oldest first.
     pub fn events(&self) -> Vec<Event> {
         crate::lock::lock(&self.events).iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_about_init_containers_point_at_init_containers() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"initContainers": [{"name": "setup"}], "containers": [{"name": "app"}]}
+        }))
+        .expect("pod");
+        let path = |c| Event::about(&pod, Some(c), "Normal", "Started", String::new()).field_path;
+        assert_eq!(path("setup").as_deref(), Some("spec.initContainers{setup}"));
+        assert_eq!(path("app").as_deref(), Some("spec.containers{app}"));
+        assert_eq!(
+            Event::about(&pod, None, "Normal", "Scheduled", String::new()).field_path,
+            None
+        );
     }
 }

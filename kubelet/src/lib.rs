@@ -10,7 +10,8 @@
 //! * [`sync`]: SyncPod over CRI: actions (pure), configs (pure), the executor.
 //! * [`volume`]: the volume manager (emptyDir, hostPath, configMap, secret,
 //!   downwardAPI, projected, local claims; safe subPaths; fsGroup).
-//! * [`downward`]: the downward API's fields and resources.
+//! * [`downward`]: the downward API's fields and resources; [`dns`]: a pod's
+//!   resolver config, names and managed `/etc/hosts`.
 //! * [`backoff`]: CrashLoopBackOff and image pull backoff.
 //! * [`status`]: the pod status as upstream computes it (pure).
 //! * [`pleg`]: the relister (single writer of [`cache`]) and PLEG modes.
@@ -30,14 +31,18 @@ pub mod cache;
 pub mod cgroups;
 pub mod clock;
 pub mod config;
+pub mod credentials;
 pub mod diagnostics;
+pub mod dns;
 pub mod downward;
+pub mod envvars;
 pub mod health;
 pub mod lock;
 pub mod logs;
 pub mod machine;
 pub mod metrics;
 pub mod node_lock;
+pub mod node_selector;
 pub mod pleg;
 pub mod pod;
 pub mod probe;
@@ -50,6 +55,7 @@ pub mod source;
 pub mod status;
 pub mod sync;
 pub mod sync_loop;
+pub mod sysctls;
 pub mod validation;
 pub mod vars;
 pub mod volume;

@@ -55,6 +55,19 @@ struct Flags {
     /// Taints the node registers with: `key=value:Effect,...`.
     #[arg(long)]
     register_with_taints: Option<String>,
+    /// Labels the node registers with: `key=value,...` (the `kubernetes.io`
+    /// and `k8s.io` namespaces only as upstream allows them).
+    #[arg(long)]
+    node_labels: Option<String>,
+    /// The cluster DNS service's IPs, comma-separated (overrides `clusterDNS`).
+    #[arg(long, value_delimiter = ',')]
+    cluster_dns: Option<Vec<String>>,
+    /// The cluster's domain (overrides `clusterDomain`).
+    #[arg(long)]
+    cluster_domain: Option<String>,
+    /// The node's resolver file (overrides `resolvConf`; "" for none).
+    #[arg(long)]
+    resolv_conf: Option<PathBuf>,
     /// The file whose exclusive lock makes this the node's only agent
     /// (default `<root-dir>/evlet.lock`).
     #[arg(long)]
@@ -86,6 +99,21 @@ fn effective(flags: Flags) -> Result<Config> {
         v.map(|s| config::parse_duration(s).map_err(anyhow::Error::from))
             .transpose()
             .map(|d| d.unwrap_or(default))
+    };
+    let mut pods = file.pod_settings();
+    if let Some(dns) = flags.cluster_dns {
+        pods.cluster_dns = dns.into_iter().filter(|s| !s.is_empty()).collect();
+    }
+    if let Some(domain) = flags.cluster_domain {
+        pods.cluster_domain = domain;
+    }
+    if let Some(path) = flags.resolv_conf {
+        pods.resolv_conf = (!path.as_os_str().is_empty()).then_some(path);
+    }
+    config::check_pod_settings(&pods).map_err(anyhow::Error::msg)?;
+    let node_labels = match &flags.node_labels {
+        Some(s) => config::parse_node_labels(s).map_err(anyhow::Error::msg)?,
+        None => Default::default(),
     };
     let address = match flags.address {
         Some(a) => a,
@@ -135,8 +163,10 @@ fn effective(flags: Flags) -> Result<Config> {
             Some(s) => config::parse_taints(s)
                 .map_err(anyhow::Error::from)
                 .context("--register-with-taints")?,
-            None => file.register_with_taints.unwrap_or_default(),
+            None => file.register_with_taints.clone().unwrap_or_default(),
         },
+        pods,
+        node_labels,
     })
 }
 
@@ -168,8 +198,13 @@ async fn trim_heap() {
 }
 
 fn main() -> Result<()> {
-    let flags = Flags::parse();
+    let (args, ignored) =
+        config::compat_args(std::env::args().collect()).map_err(anyhow::Error::msg)?;
+    let flags = Flags::parse_from(args);
     init_logging(flags.log_format);
+    for warning in ignored {
+        tracing::warn!("{warning}");
+    }
     let kubeconfig = flags.kubeconfig.clone();
     let lock_file = flags
         .lock_file

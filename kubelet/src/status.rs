@@ -38,6 +38,9 @@ pub struct Extra<'a> {
     pub failed: bool,
     /// A reason that rejected the pod (admission): the phase is Failed with it.
     pub rejected: Option<(&'a str, &'a str)>,
+    /// The pod failed while running (`DeadlineExceeded`): the phase is Failed
+    /// with this reason and message, the containers shown as they are.
+    pub failure: Option<(&'a str, &'a str)>,
     /// The prober's verdicts (ready and started follow them).
     pub probes: Option<&'a PodProbes>,
     /// The status published before (conditions keep their
@@ -338,7 +341,11 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
         .iter()
         .map(|c| container_status(c, runtime, waiting(&c.name), extra.probes, false))
         .collect();
-    let phase = phase(pod, runtime, inits_done, extra.failed);
+    let phase = if extra.failure.is_some() {
+        "Failed"
+    } else {
+        phase(pod, runtime, inits_done, extra.failed)
+    };
     let terminal = phase == "Succeeded" || phase == "Failed";
     // Sidecars count toward readiness, as upstream.
     let unready: Vec<&str> = spec
@@ -364,7 +371,13 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
     };
     let ready = ready_condition(pod, &containers_ready);
     let sandbox_ready = runtime.sandboxes.first().is_some_and(|s| s.ready);
-    let ip = runtime.ip().map(str::to_owned);
+    // A pod on the host's network has the host's IP (upstream).
+    let host_network = spec.host_network.unwrap_or(false);
+    let ip = runtime.ip().map(str::to_owned).or_else(|| {
+        (host_network && sandbox_ready)
+            .then(|| extra.host_ip.map(str::to_owned))
+            .flatten()
+    });
     let incomplete: Vec<&str> = spec
         .init_containers
         .iter()
@@ -403,12 +416,17 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
         phase: Some(phase.into()),
         conditions: Some(conditions),
         host_ip: extra.host_ip.map(str::to_owned),
+        host_ips: extra
+            .host_ip
+            .map(|ip| vec![k8s_openapi::api::core::v1::HostIP { ip: ip.to_owned() }]),
         pod_ip: ip.clone(),
         pod_ips: ip.map(|ip| vec![PodIP { ip }]),
         start_time: extra.start_time.clone(),
         init_container_statuses: Some(init_statuses).filter(|s| !s.is_empty()),
         container_statuses: Some(statuses),
         qos_class: Some(qos(pod).as_str().into()),
+        reason: extra.failure.map(|(r, _)| r.to_owned()),
+        message: extra.failure.map(|(_, m)| m.to_owned()),
         ..Default::default()
     }
 }

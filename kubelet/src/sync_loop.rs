@@ -70,6 +70,8 @@ pub struct SyncLoop {
     pub served: Arc<Served>,
     /// The hinted PLEG's hints (agent-initiated removals are announced there).
     pub hints: Option<Arc<Hints>>,
+    /// `allowedUnsafeSysctls` (admission).
+    pub allowed_unsafe_sysctls: Vec<String>,
     /// API-server mode.
     pub api: Option<ApiState>,
 }
@@ -83,6 +85,8 @@ pub struct ApiState {
     pub statics: watch::Sender<api::mirror::Statics>,
     /// What admission fits pods into.
     pub allocatable: Allocatable,
+    /// This node's Node object (labels, taints) for admission; None until seen.
+    pub node: Option<api::node::SelfWatch>,
     /// Pods rejected at admission (never started).
     pub rejected: BTreeSet<PodUid>,
     /// Deleted pods whose containers are gone; waiting for the watch to drop them.
@@ -112,6 +116,7 @@ impl SyncLoop {
                 }
                 msg = sources.recv(), if sources_open => match msg {
                     Some(SourceMessage::Snapshot(source, pods)) => {
+                        let pods = self.without_duplicate_names(source, pods);
                         let updates = self.config.merge(source, pods);
                         self.handle_updates(source, updates);
                     }
@@ -176,8 +181,31 @@ impl SyncLoop {
             if update.source == Source::Api && self.api_handled(update.op, &pod, &mut usage) {
                 continue;
             }
+            if update.source != Source::Api
+                && update.op == Op::Add
+                && !self.workers.has(&uid)
+                && let Err(e) = crate::sysctls::admit(&pod, &self.allowed_unsafe_sysctls)
+            {
+                // A static pod refused at admission shows Failed and never runs.
+                tracing::warn!(pod = %pod::key(&pod), error = %e, "static pod rejected at admission");
+                let message = format!("Pod was rejected: {e}");
+                let status = crate::status::compute(
+                    &pod,
+                    &crate::runtime::PodStatus::empty(uid.clone()),
+                    &crate::status::Extra {
+                        rejected: Some(("SysctlForbidden", &message)),
+                        start_time: Some(crate::clock::now()),
+                        ..Default::default()
+                    },
+                );
+                self.workers.set_view(pod, status);
+                continue;
+            }
             match update.op {
                 Op::Add | Op::Update => {
+                    if update.op == Op::Update {
+                        self.refuse_new_fields(&pod);
+                    }
                     tracing::info!(pod = %pod::key(&pod), source = update.source.as_str(), op = ?update.op, "pod update");
                     self.pods.insert(uid, pod.clone());
                     let kind = match pod.metadata.deletion_timestamp {
@@ -244,7 +272,22 @@ impl SyncLoop {
                     .map(|(_, p)| p),
             )
         });
-        match api::admission::admit(pod, used, &api.allocatable) {
+        let node = api.node.as_ref().and_then(api::node::SelfWatch::current);
+        let admitted = api::admission::supported(pod)
+            .and_then(|()| {
+                crate::sysctls::admit(pod, &self.allowed_unsafe_sysctls).map_err(|e| {
+                    api::admission::Rejection {
+                        reason: "SysctlForbidden".into(),
+                        message: format!("Pod was rejected: {e}"),
+                    }
+                })
+            })
+            .and_then(|()| match &node {
+                Some(node) => api::admission::suits_node(pod, node, used),
+                None => Ok(()),
+            })
+            .and_then(|()| api::admission::admit(pod, used, &api.allocatable));
+        match admitted {
             Ok(()) => false,
             Err(rejection) => {
                 tracing::warn!(pod = %pod::key(pod), reason = %rejection.reason, message = %rejection.message, "pod rejected at admission");
@@ -262,6 +305,61 @@ impl SyncLoop {
                 true
             }
         }
+    }
+
+    /// An update that adds a field evlet does not honour to a running pod
+    /// (an ephemeral container from `kubectl debug`): the pod keeps running
+    /// as it was and a Warning event names the field.
+    fn refuse_new_fields(&self, pod: &Pod) {
+        let (Some(old), Some(spec)) = (self.pods.get(&pod::uid(pod)), pod.spec.as_ref()) else {
+            return;
+        };
+        let before: BTreeSet<String> = old
+            .spec
+            .as_ref()
+            .map(|s| {
+                crate::validation::unsupported(s)
+                    .into_iter()
+                    .map(|e| e.to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for e in crate::validation::unsupported(spec) {
+            let message = e.to_string();
+            if !before.contains(&message) {
+                tracing::warn!(pod = %pod::key(pod), field = %e.field, "pod update uses a field evlet does not honour");
+                self.syncer
+                    .record_pod_event(pod, "Warning", "UnsupportedPodSpec", message);
+            }
+        }
+    }
+
+    /// A static source's pods with one pod per full name (`name_namespace`):
+    /// the first in the source's order (file names sorted) is kept and the
+    /// others are refused with upstream's `FailedValidation` event.
+    fn without_duplicate_names(&self, source: Source, pods: Vec<Pod>) -> Vec<Pod> {
+        if source == Source::Api {
+            return pods;
+        }
+        let mut seen = BTreeSet::new();
+        pods.into_iter()
+            .filter(|p| {
+                let unique = seen.insert(pod::full_name(p));
+                if !unique {
+                    let message = format!(
+                        "Error validating pod {}_{}({}) from {} due to duplicate pod name {:?}, ignoring",
+                        pod::name(p),
+                        pod::namespace(p),
+                        pod::uid(p),
+                        source.as_str(),
+                        pod::name(p)
+                    );
+                    tracing::warn!(pod = %pod::key(p), "{message}");
+                    self.syncer.record_pod_event(p, "Warning", "FailedValidation", message);
+                }
+                unique
+            })
+            .collect()
     }
 
     /// Sends the static pods to the mirror manager.

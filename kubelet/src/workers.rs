@@ -83,6 +83,9 @@ pub enum Phase {
     Terminating(Option<i64>),
     /// Removing what is left.
     Terminated,
+    /// Failed for good while it ran (`activeDeadlineSeconds`): stopped, shown
+    /// Failed, never started again; removed once its source drops it.
+    Finished,
 }
 
 #[derive(Debug)]
@@ -297,6 +300,7 @@ impl Worker {
             start_time: extra.start_time.clone(),
             host_ip: extra.host_ip.map(str::to_owned),
             failed: extra.failed,
+            failure: extra.failure.map(|(r, m)| (r.to_owned(), m.to_owned())),
             phase,
             probes,
             status: None,
@@ -361,8 +365,11 @@ impl Worker {
         let mut next_resync: Option<Instant> = None;
         let mut waiting: BTreeMap<String, Waiting> = BTreeMap::new();
         let mut failed = false;
+        // Set when the pod failed while running (activeDeadlineSeconds).
+        let mut failure: Option<(String, String)> = None;
         let mut errors = Retry::fixed(ERROR_BACKOFF).jitter(0.5, 1.0);
-        let start_time = now_time();
+        // When the pod started on this node: set at its first sync.
+        let mut start_time: Option<Time> = None;
         let host_ip = self.shared.syncer.node().host_ip.clone();
         // Set when the current phase must run without waiting (a phase changed).
         let mut run_now = false;
@@ -370,8 +377,10 @@ impl Worker {
             if let Some(p) = self.take() {
                 if let Some(grace) = p.kill {
                     let mut phase = lock(&self.phase);
-                    if *phase == Phase::Sync {
-                        *phase = Phase::Terminating(grace);
+                    match *phase {
+                        Phase::Sync => *phase = Phase::Terminating(grace),
+                        Phase::Finished => *phase = Phase::Terminated,
+                        _ => {}
                     }
                 }
                 if pod.as_deref() != Some(&p.pod) {
@@ -409,9 +418,30 @@ impl Worker {
                     {
                         continue;
                     }
+                    let started_at = start_time
+                        .get_or_insert_with(|| pod_start_time(&current, &runtime))
+                        .clone();
+                    if let Some(left) = deadline_left(&current, &started_at)
+                        && left.is_zero()
+                    {
+                        // activeDeadlineSeconds: the pod fails and is killed (upstream).
+                        let message =
+                            "Pod was active on the node longer than the specified deadline";
+                        self.shared.syncer.record_pod_event(
+                            &current,
+                            "Normal",
+                            "DeadlineExceeded",
+                            message.into(),
+                        );
+                        tracing::info!(pod = %pod::key(&current), "active deadline exceeded; killing the pod");
+                        failure = Some(("DeadlineExceeded".into(), message.into()));
+                        *lock(&self.phase) = Phase::Terminating(None);
+                        run_now = true;
+                        continue;
+                    }
                     // Like upstream's SyncPod: what the runtime says goes out before
                     // any action, so an exit is visible while the sync reacts to it.
-                    let extra = sync_extra(&waiting, &start_time, host_ip.as_deref(), failed);
+                    let extra = sync_extra(&waiting, &started_at, host_ip.as_deref(), failed);
                     self.publish(&mut published, &current, &runtime, &extra, Phase::Sync);
                     let token = {
                         let mut t = lock(&self.cancel_sync);
@@ -459,7 +489,11 @@ impl Worker {
                     next_resync = Some(Instant::now() + delay);
                     // The status reflects the cache as the sync saw it, with this
                     // sync's waiting reasons; the next relist's event refreshes it.
-                    let extra = sync_extra(&waiting, &start_time, host_ip.as_deref(), failed);
+                    // Sync again when the active deadline comes.
+                    if let Some(left) = deadline_left(&current, &started_at) {
+                        next_resync = next_resync.map(|n| n.min(Instant::now() + left));
+                    }
+                    let extra = sync_extra(&waiting, &started_at, host_ip.as_deref(), failed);
                     self.publish(&mut published, &current, &runtime, &extra, Phase::Sync);
                 }
                 Phase::Terminating(grace) => {
@@ -478,8 +512,19 @@ impl Worker {
                     match result {
                         Ok(()) => {
                             tracing::info!(pod = %pod::key(&current), "pod terminated");
-                            *lock(&self.phase) = Phase::Terminated;
-                            run_now = true;
+                            let mut phase = lock(&self.phase);
+                            if failure.is_some()
+                                && *phase == Phase::Terminating(None)
+                                && lock(&self.pending)
+                                    .as_ref()
+                                    .is_none_or(|p| p.kill.is_none())
+                            {
+                                // Failed while running: it stays, stopped and Failed.
+                                *phase = Phase::Finished;
+                            } else {
+                                *phase = Phase::Terminated;
+                                run_now = true;
+                            }
                         }
                         Err(e) => {
                             tracing::warn!(pod = %pod::key(&current), error = %e, "terminating pod failed; retrying");
@@ -488,13 +533,37 @@ impl Worker {
                     }
                     let extra = status::Extra {
                         waiting: None,
-                        start_time: Some(start_time.clone()),
+                        start_time: Some(
+                            start_time
+                                .get_or_insert_with(|| pod_start_time(&current, &runtime))
+                                .clone(),
+                        ),
                         host_ip: host_ip.as_deref(),
                         failed,
+                        failure: failure.as_ref().map(|(r, m)| (r.as_str(), m.as_str())),
                         ..Default::default()
                     };
                     let phase = *lock(&self.phase);
                     self.publish(&mut published, &current, &runtime, &extra, phase);
+                }
+                Phase::Finished => {
+                    // Nothing runs; the status shows the failure and, as the
+                    // PLEG reports them, the containers' final states.
+                    next_resync = None;
+                    let since =
+                        last_sync.unwrap_or_else(|| Instant::now() - Duration::from_millis(1));
+                    let Some(runtime) = self.fresh(since).await else {
+                        return;
+                    };
+                    last_sync = Some(Instant::now());
+                    let extra = status::Extra {
+                        start_time: start_time.clone(),
+                        host_ip: host_ip.as_deref(),
+                        failed,
+                        failure: failure.as_ref().map(|(r, m)| (r.as_str(), m.as_str())),
+                        ..Default::default()
+                    };
+                    self.publish(&mut published, &current, &runtime, &extra, Phase::Finished);
                 }
                 Phase::Terminated => {
                     let since =
@@ -533,6 +602,7 @@ struct Published {
     start_time: Option<Time>,
     host_ip: Option<String>,
     failed: bool,
+    failure: Option<(String, String)>,
     phase: Phase,
     probes: PodProbes,
     /// The status published (None in a candidate not yet computed).
@@ -547,6 +617,7 @@ impl Published {
             && self.start_time == other.start_time
             && self.host_ip == other.host_ip
             && self.failed == other.failed
+            && self.failure == other.failure
             && self.phase == other.phase
             && self.probes == other.probes
     }
@@ -581,6 +652,35 @@ fn probe_target(pod: &Pod, runtime: &PodStatus, computed: &V1PodStatus) -> Targe
         terminal: matches!(computed.phase.as_deref(), Some("Succeeded" | "Failed")),
         containers,
     }
+}
+
+/// When the pod started on this node: the API server's record (it survives
+/// an agent restart), else its oldest sandbox, else now (upstream keeps the
+/// first `startTime` it set).
+fn pod_start_time(pod: &Pod, runtime: &PodStatus) -> Time {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.start_time.clone())
+        .or_else(|| {
+            runtime
+                .sandboxes
+                .iter()
+                .map(|s| s.created_at)
+                .filter(|t| *t > 0)
+                .min()
+                .and_then(crate::clock::time_of)
+        })
+        .unwrap_or_else(now_time)
+}
+
+/// What is left of the pod's `activeDeadlineSeconds` (None: it has none).
+fn deadline_left(pod: &Pod, started: &Time) -> Option<Duration> {
+    let seconds = pod.spec.as_ref()?.active_deadline_seconds?;
+    let started_ns = i128::from(started.0.as_second()) * 1_000_000_000
+        + i128::from(started.0.subsec_nanosecond());
+    let end_ns = started_ns + i128::from(seconds.max(0)) * 1_000_000_000;
+    let left = end_ns - i128::from(crate::clock::unix_ns());
+    Some(Duration::from_nanos(u64::try_from(left).unwrap_or(0)))
 }
 
 /// The status inputs of a pod in the Sync phase.

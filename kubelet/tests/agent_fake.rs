@@ -53,7 +53,9 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
         api: None,
         max_pods: evlet::config::MAX_PODS,
         register_with_taints: Vec::new(),
+        node_labels: Default::default(),
         sync_frequency: evlet::workers::RESYNC,
+        pods: Default::default(),
     }
 }
 

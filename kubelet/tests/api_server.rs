@@ -28,6 +28,7 @@ fn input(ready: Arc<AtomicBool>) -> NodeInput {
         hostname: "host-1".into(),
         max_pods: 110,
         taints: vec![],
+        labels: [("node.kubernetes.io/pool".to_owned(), "edge".to_owned())].into(),
         root_dir: std::env::temp_dir(),
         runtime_version: "containerd://1.7.24".into(),
         port: 10255,
@@ -72,6 +73,10 @@ async fn first_registration_creates_the_node_with_capacity_labels_and_conditions
     assert_eq!(body["metadata"]["labels"]["kubernetes.io/hostname"], "n1");
     assert_eq!(body["metadata"]["labels"]["kubernetes.io/os"], "linux");
     assert!(body["metadata"]["labels"]["kubernetes.io/arch"].is_string());
+    assert_eq!(
+        body["metadata"]["labels"]["node.kubernetes.io/pool"],
+        "edge"
+    );
     assert_eq!(body["status"]["capacity"]["pods"], "110");
     assert!(
         body["status"]["capacity"]["cpu"]
@@ -123,6 +128,10 @@ async fn an_existing_node_is_adopted_keeping_its_spec_and_labels() {
     );
     let stored = api.get("nodes", "", "n1").expect("node");
     assert_eq!(stored["metadata"]["labels"]["team"], "storage");
+    assert_eq!(
+        stored["metadata"]["labels"]["node.kubernetes.io/pool"],
+        "edge"
+    );
     assert_eq!(stored["metadata"]["labels"]["kubernetes.io/hostname"], "n1");
     assert_eq!(stored["spec"]["taints"][0]["key"], "dedicated");
     assert_eq!(stored["status"]["capacity"]["pods"], "110");
@@ -519,6 +528,7 @@ fn event(reason: &str, message: &str) -> evlet::diagnostics::Event {
         pod: "crashy".into(),
         pod_uid: "uid-crashy".into(),
         container: Some("app".into()),
+        field_path: Some("spec.containers{app}".into()),
         time: "2026-11-23T08:00:00Z".into(),
     }
 }

@@ -411,3 +411,85 @@ async fn env_from_secrets_and_config_maps_waits_for_a_missing_secret() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn services_become_environment_variables_and_admission_reads_the_live_node() {
+    e2e(
+        "services_become_environment_variables_and_admission_reads_the_live_node",
+        |w| async move {
+            let api = MockApi::new();
+            for (name, spec) in [
+                ("kubernetes", json!({"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "protocol": "TCP"}]})),
+                ("web-front", json!({"clusterIP": "10.96.7.7", "ports": [{"port": 8080, "protocol": "TCP"}]})),
+                ("headless", json!({"clusterIP": "None", "ports": [{"port": 9000}]})),
+            ] {
+                api.create("services", "default", json!({"metadata": {"name": name}, "spec": spec}));
+            }
+            let agent = start(&w, &api).await;
+            let linked = w.pod_name("linked");
+            api.create(
+                "pods",
+                "default",
+                api_pod(&w, "linked", json!({
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": IMAGE, "command": ["/bin/sh", "-c",
+                        "test \"$KUBERNETES_SERVICE_HOST\" = 10.96.0.1 && test \"$KUBERNETES_SERVICE_PORT\" = 443 \
+                         && test \"$KUBERNETES_SERVICE_PORT_HTTPS\" = 443 && test \"$WEB_FRONT_SERVICE_HOST\" = 10.96.7.7 \
+                         && test \"$WEB_FRONT_PORT\" = tcp://10.96.7.7:8080 \
+                         && test \"$WEB_FRONT_PORT_8080_TCP_ADDR\" = 10.96.7.7 && test -z \"$HEADLESS_SERVICE_HOST\""]}]
+                })),
+            );
+            let unlinked = w.pod_name("unlinked");
+            api.create(
+                "pods",
+                "default",
+                api_pod(&w, "unlinked", json!({
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": false,
+                    "containers": [{"name": "main", "image": IMAGE, "command": ["/bin/sh", "-c",
+                        "test \"$KUBERNETES_SERVICE_HOST\" = 10.96.0.1 && test -z \"$WEB_FRONT_SERVICE_HOST\""]}]
+                })),
+            );
+            for pod in [&linked, &unlinked] {
+                let done = wait_api_phase(&api, pod, "Succeeded", Duration::from_secs(60)).await;
+                assert_eq!(done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0, "{pod}");
+            }
+
+            // The node lacks the label the pod selects: rejected as upstream.
+            let ssd = w.pod_name("ssd");
+            api.create(
+                "pods",
+                "default",
+                api_pod(&w, "ssd", json!({"nodeSelector": {"disk": "ssd"},
+                    "containers": [{"name": "main", "image": IMAGE, "command": ["/bin/sleep", "3600"]}]})),
+            );
+            let rejected = wait_api_phase(&api, &ssd, "Failed", Duration::from_secs(30)).await;
+            assert_eq!(rejected["status"]["reason"], "NodeAffinity");
+            assert_eq!(
+                rejected["status"]["message"],
+                "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+            );
+            // An administrator labels the node; the next such pod is admitted.
+            api.modify("nodes", "", &w.name, |n| n["metadata"]["labels"]["disk"] = json!("ssd"));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let ssd2 = w.pod_name("ssd2");
+            api.create(
+                "pods",
+                "default",
+                api_pod(&w, "ssd2", json!({"nodeSelector": {"disk": "ssd"},
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "main", "image": IMAGE, "command": ["/bin/sleep", "3600"]}]})),
+            );
+            wait_api_phase(&api, &ssd2, "Running", Duration::from_secs(60)).await;
+            // The Node was watched by name, not listed per pod.
+            assert!(
+                api.requests_matching("GET", "/api/v1/nodes")
+                    .iter()
+                    .any(|r| r.query.contains("watch=true") && r.query.contains(&format!("fieldSelector=metadata.name%3D{}", w.name))),
+                "a watch of the node"
+            );
+            agent.stop().await;
+        },
+    )
+    .await;
+}

@@ -188,6 +188,7 @@ async fn rig_with(exit_lag: Duration, source: Source) -> Rig {
         pods_cgroup: "/evlet-fake/kubepods".into(),
         host_ip: None,
         memory_capacity: 1 << 30,
+        ..Default::default()
     };
     let (done_tx, _done) = mpsc::unbounded_channel();
     let diagnostics = Arc::new(evlet::diagnostics::Diagnostics::default());

@@ -102,7 +102,25 @@ impl ImageService for FakeRuntime {
         &self,
         req: Request<api::PullImageRequest>,
     ) -> Reply<api::PullImageResponse> {
-        self.on_image("PullImage", req, |name, state| {
+        self.answer("PullImage", req, |req| {
+            let name = req
+                .image
+                .map(|s| s.image)
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| Status::invalid_argument("no image name"))?;
+            let mut state = lock(&self.shared.state);
+            state.pulls.push((name.clone(), req.auth.clone()));
+            if let Some((user, password)) = state.private.get(&name).cloned() {
+                let ok = req
+                    .auth
+                    .as_ref()
+                    .is_some_and(|a| a.username == user && a.password == password);
+                if !ok {
+                    return Err(Status::unknown(format!(
+                        "failed to pull and unpack image \"{name}\": failed to resolve reference \"{name}\": pull access denied, repository does not exist or may require authorization: authorization failed: no basic auth credentials"
+                    )));
+                }
+            }
             if !state.pullable.contains(&name) && !state.images.contains(&name) {
                 return Err(Status::not_found(format!(
                     "failed to pull and unpack image \"{name}\": failed to resolve reference \"{name}\": not found"

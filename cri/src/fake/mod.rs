@@ -113,6 +113,20 @@ impl FakeRuntime {
         lock(&self.shared.state).allow_pull(image);
     }
 
+    /// Makes `image` pullable only with user `user` and password `password`.
+    pub fn private_image(&self, image: &str, user: &str, password: &str) {
+        let mut state = lock(&self.shared.state);
+        state.allow_pull(image);
+        state
+            .private
+            .insert(image.to_owned(), (user.to_owned(), password.to_owned()));
+    }
+
+    /// Every `PullImage` so far: the image and the credentials it came with.
+    pub fn pulls(&self) -> Vec<(String, Option<api::AuthConfig>)> {
+        lock(&self.shared.state).pulls.clone()
+    }
+
     /// Injects `fault` into the next `times` calls of `call` (an RPC name such as
     /// `"ContainerStatus"`), or into all of them with `None`.
     pub fn inject(&self, call: &'static str, fault: Fault, times: Option<u32>) {

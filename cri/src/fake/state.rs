@@ -86,6 +86,10 @@ pub struct State {
     pub images: BTreeSet<String>,
     /// Images `PullImage` can fetch.
     pub pullable: BTreeSet<String>,
+    /// Images whose registry wants credentials: image → (user, password).
+    pub private: BTreeMap<String, (String, String)>,
+    /// Every `PullImage`: the image and the credentials it came with.
+    pub pulls: Vec<(String, Option<api::AuthConfig>)>,
     /// How long after a process dies the runtime shows the exit (containerd
     /// reaps, deletes the task and updates its store first; 0: at once).
     pub exit_lag_ns: i64,

@@ -22,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
         pods_cgroup: "/kubepods".into(),
         host_ip: Some("192.0.2.1".into()),
         memory_capacity: 8 << 30,
+        ..Default::default()
     };
     for p in &parsed.pods {
         assert!(validation::validate(p).is_ok(), "a parsed pod is valid");
@@ -36,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
                 restart_count: 0,
                 pod_ip: Some("10.88.0.2"),
                 objects: &objects,
+                services: &[],
                 termination_log: Some(std::path::Path::new("/fuzz/termination-log")),
                 mounts: &[],
             };

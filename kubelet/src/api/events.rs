@@ -83,10 +83,7 @@ pub fn object(e: &Event, node: &str, name: String) -> V1Event {
             name: Some(e.pod.clone()),
             namespace: Some(e.namespace.clone()),
             uid: Some(e.pod_uid.clone()),
-            field_path: e
-                .container
-                .as_ref()
-                .map(|c| format!("spec.containers{{{c}}}")),
+            field_path: e.field_path.clone(),
             ..Default::default()
         },
         reason: Some(e.reason.clone()),
@@ -226,6 +223,7 @@ mod tests {
             pod: "web".into(),
             pod_uid: "u1".into(),
             container: Some("app".into()),
+            field_path: Some("spec.containers{app}".into()),
             time: "2026-11-23T08:00:00Z".into(),
         };
         let o = object(&e, "n1", "web.1".into());

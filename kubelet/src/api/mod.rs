@@ -8,6 +8,7 @@
 //! * [`mirror`]: mirror pods of static pods.
 //! * [`watched`]: the ConfigMaps and Secrets pods use, watched; [`objects`] and
 //!   [`volumes`] read them for container environments and volumes.
+//! * [`services`]: the cluster's Services, watched, for service env vars.
 //! * [`tokens`]: service-account tokens (TokenRequest) for projected volumes.
 //! * [`events`]: Kubernetes Events (aggregated repeats, per-pod rate limit).
 //! * [`ratelimit`]: client-side QPS/burst (upstream's 50/100).
@@ -24,6 +25,7 @@ pub mod node;
 pub mod objects;
 pub mod pods;
 pub mod ratelimit;
+pub mod services;
 pub mod status;
 pub mod tokens;
 pub mod volumes;

@@ -54,6 +54,8 @@ pub struct NodeInput {
     pub max_pods: u32,
     /// `--register-with-taints`.
     pub taints: Vec<Taint>,
+    /// `--node-labels` (beside the defaults, which win).
+    pub labels: BTreeMap<String, String>,
     /// The root directory (its filesystem is `ephemeral-storage`).
     pub root_dir: PathBuf,
     /// `containerd://1.7.24`.
@@ -128,12 +130,19 @@ pub fn labels(name: &str) -> BTreeMap<String, String> {
     .collect()
 }
 
+/// The defaults with `--node-labels` under them (a default is never overridden).
+fn all_labels(input: &NodeInput) -> BTreeMap<String, String> {
+    let mut all = input.labels.clone();
+    all.extend(labels(&input.name));
+    all
+}
+
 /// The Node object registration creates.
 pub fn initial(input: &NodeInput, machine: &Machine) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(input.name.clone()),
-            labels: Some(labels(&input.name)),
+            labels: Some(all_labels(input)),
             annotations: Some(
                 [(
                     "volumes.kubernetes.io/controller-managed-attach-detach".to_owned(),
@@ -403,6 +412,52 @@ pub async fn run_status(
     }
 }
 
+/// This node's Node object as the API server has it (its labels and taints
+/// as an administrator left them), watched for admission.
+#[derive(Clone)]
+pub struct SelfWatch {
+    store: kube::runtime::reflector::Store<Node>,
+}
+
+impl std::fmt::Debug for SelfWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SelfWatch").finish_non_exhaustive()
+    }
+}
+
+impl SelfWatch {
+    /// Starts watching the Node `name`; the watch stops at `shutdown`.
+    pub fn start(client: kube::Client, name: &str, shutdown: CancellationToken) -> Self {
+        use futures_util::StreamExt as _;
+        use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+        let (store, writer) = reflector::store();
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let stream = watcher::watcher(Api::<Node>::all(client), config)
+            .default_backoff()
+            .reflect(writer)
+            .applied_objects();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    next = stream.next() => match next {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => tracing::debug!(error = %e, "node watch failed; retrying"),
+                        None => return,
+                    },
+                }
+            }
+        });
+        Self { store }
+    }
+
+    /// The Node as last seen, if it has been seen.
+    pub fn current(&self) -> Option<Arc<Node>> {
+        self.store.state().into_iter().next()
+    }
+}
+
 fn lease_for(name: &str, node_uid: Option<&str>) -> Lease {
     Lease {
         metadata: ObjectMeta {
@@ -494,6 +549,7 @@ mod tests {
             hostname: "host".into(),
             max_pods: 110,
             taints: vec![],
+            labels: BTreeMap::new(),
             root_dir: "/".into(),
             runtime_version: "containerd://1.7.24".into(),
             port: 10255,

@@ -1,15 +1,41 @@
-//! [`ApiEnvObjects`]: the ConfigMaps and Secrets a container's environment
-//! names, read from the watched [`ObjectCache`] (the same cache volumes read).
+//! [`ApiEnvObjects`]: what a container's start reads from the API server:
+//! the ConfigMaps and Secrets its environment names (from the watched
+//! [`ObjectCache`], the same cache volumes read), the Services of its
+//! environment (the [`ServiceCache`]), and the pod's RuntimeClass.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::node::v1::RuntimeClass;
+
+use super::services::ServiceCache;
 use super::watched::{Kind, ObjectCache};
 use crate::sync::env::{ApiObjects, ObjectKind, References};
 use crate::sync::objects::{BoxFuture, EnvObjects, ObjectsError};
 
-/// Reads env objects from the watched objects.
-#[derive(Debug, Clone)]
-pub struct ApiEnvObjects(pub Arc<ObjectCache>);
+/// How long a container's start waits for the first list of Services.
+const SERVICES_WAIT: Duration = Duration::from_secs(10);
+
+/// Reads env objects, services and RuntimeClasses from the API server.
+#[derive(Clone)]
+pub struct ApiEnvObjects {
+    /// Watched ConfigMaps and Secrets.
+    pub objects: Arc<ObjectCache>,
+    /// Watched Services.
+    pub services: Arc<ServiceCache>,
+    /// RuntimeClass reads.
+    pub client: kube::Client,
+}
+
+impl std::fmt::Debug for ApiEnvObjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiEnvObjects")
+            .field("objects", &self.objects)
+            .field("services", &self.services)
+            .finish_non_exhaustive()
+    }
+}
 
 impl EnvObjects for ApiEnvObjects {
     fn fetch<'a>(
@@ -29,16 +55,16 @@ impl EnvObjects for ApiEnvObjects {
                         .map(|n| (ObjectKind::Secret, Kind::Secret, n)),
                 );
             for (kind, watched, name) in wanted {
-                let data =
-                    self.0
-                        .get(watched, namespace, name)
-                        .await
-                        .map_err(|e| ObjectsError::Api {
-                            kind,
-                            namespace: namespace.to_owned(),
-                            name: name.clone(),
-                            source: Box::new(e),
-                        })?;
+                let data = self
+                    .objects
+                    .get(watched, namespace, name)
+                    .await
+                    .map_err(|e| ObjectsError::Api {
+                        kind,
+                        namespace: namespace.to_owned(),
+                        name: name.clone(),
+                        source: Box::new(e),
+                    })?;
                 let Some(data) = data else { continue };
                 let text = data
                     .iter()
@@ -50,6 +76,43 @@ impl EnvObjects for ApiEnvObjects {
                 };
             }
             Ok(objects)
+        })
+    }
+
+    fn runtime_handler<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<String, ObjectsError>> {
+        Box::pin(async move {
+            let Some(name) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.runtime_class_name.as_deref())
+                .filter(|n| !n.is_empty())
+            else {
+                return Ok(String::new());
+            };
+            let api: kube::Api<RuntimeClass> = kube::Api::all(self.client.clone());
+            match api.get_opt(name).await {
+                Ok(Some(rc)) => Ok(rc.handler),
+                Ok(None) => Err(ObjectsError::RuntimeClass(format!(
+                    "runtimeclass.node.k8s.io {name:?} not found"
+                ))),
+                Err(e) => Err(ObjectsError::RuntimeClass(format!(
+                    "failed to lookup RuntimeClass {name}: {e}"
+                ))),
+            }
+        })
+    }
+
+    fn service_env<'a>(
+        &'a self,
+        namespace: &'a str,
+        links: bool,
+        wait: bool,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, ObjectsError>> {
+        Box::pin(async move {
+            if wait && !self.services.wait_ready(SERVICES_WAIT).await {
+                return Err(ObjectsError::ServicesNotRead);
+            }
+            Ok(self.services.env(namespace, links))
         })
     }
 }

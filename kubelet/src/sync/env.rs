@@ -19,6 +19,9 @@ pub struct Runtime<'a> {
     pub host_ip: Option<&'a str>,
     /// The ConfigMaps and Secrets the container refers to (see [`super::objects`]).
     pub objects: &'a ApiObjects,
+    /// The service variables (`KUBERNETES_SERVICE_HOST`, ...): `$(VAR)` can
+    /// name them, and they are added after the pod's own, which win.
+    pub services: &'a [(String, String)],
 }
 
 static NO_OBJECTS: ApiObjects = ApiObjects {
@@ -32,6 +35,7 @@ impl Default for Runtime<'_> {
             pod_ip: None,
             host_ip: None,
             objects: &NO_OBJECTS,
+            services: &[],
         }
     }
 }
@@ -290,12 +294,22 @@ pub fn build(
                 String::new()
             }
         } else {
-            let map: BTreeMap<String, String> = out.iter().cloned().collect();
+            // References resolve to the pod's variables so far, then services.
+            let mut map: BTreeMap<String, String> = rt.services.iter().cloned().collect();
+            map.extend(out.iter().cloned());
             expand(var.value.as_deref().unwrap_or(""), &map)
         };
         out.retain(|(k, _)| k != &var.name);
         out.push((var.name.clone(), value));
     }
+    // Service variables the pod does not set itself (upstream's precedence).
+    let own: BTreeSet<String> = out.iter().map(|(k, _)| k.clone()).collect();
+    out.extend(
+        rt.services
+            .iter()
+            .filter(|(k, _)| !own.contains(k))
+            .cloned(),
+    );
     Ok(out)
 }
 

@@ -3,6 +3,7 @@
 //! * [`actions`]: what to do (pure).
 //! * [`spec`]: pod spec → CRI sandbox and container configs (pure).
 //! * [`env`]: environment and the downward API (pure).
+//! * [`security`]: security contexts, pod over container (pure).
 //! * [`objects`]: what the syncer needs from outside (ConfigMaps and
 //!   Secrets), as a trait its constructor takes; events go to a
 //!   [`crate::diagnostics::EventRecorder`].
@@ -16,6 +17,7 @@ pub mod actions;
 pub mod env;
 pub mod lifecycle;
 pub mod objects;
+pub mod security;
 pub mod spec;
 pub mod syncer;
 pub mod terminate;

@@ -7,6 +7,8 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use super::env::{ApiObjects, ObjectKind, References};
 
 /// A boxed future, for the object-safe trait below.
@@ -25,6 +27,12 @@ pub enum ObjectsError {
         /// Its name.
         name: String,
     },
+    /// A RuntimeClass that cannot be resolved.
+    #[error("{0}")]
+    RuntimeClass(String),
+    /// The services were never read (upstream: a non-static pod waits for them).
+    #[error("services have not yet been read at least once, cannot construct envvars")]
+    ServicesNotRead,
     /// The API server did not answer the read.
     #[error("{} {namespace}/{name}: {source}", .kind.lower())]
     Api {
@@ -60,6 +68,21 @@ pub trait EnvObjects: Send + Sync + fmt::Debug {
         namespace: &'a str,
         refs: &'a References,
     ) -> BoxFuture<'a, Result<ApiObjects, ObjectsError>>;
+
+    /// The CRI runtime handler of the pod's `runtimeClassName` ("" without one).
+    fn runtime_handler<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<String, ObjectsError>>;
+
+    /// The service environment of a container in namespace `namespace`
+    /// (`KUBERNETES_SERVICE_HOST`, ... and, with `links`, the namespace's
+    /// services as Docker-link variables), in a stable order. With `wait`
+    /// (API pods) the Services must have been listed once; a static pod takes
+    /// what is known, so it never waits for the API server.
+    fn service_env<'a>(
+        &'a self,
+        namespace: &'a str,
+        links: bool,
+        wait: bool,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, ObjectsError>>;
 }
 
 /// Standalone mode: no ConfigMap or Secret can be read. As upstream kubelet
@@ -88,6 +111,32 @@ impl EnvObjects for NoApiServer {
             }),
         };
         Box::pin(std::future::ready(answer))
+    }
+
+    fn runtime_handler<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<String, ObjectsError>> {
+        // Upstream without an API server uses the default handler whatever the
+        // pod says; evlet refuses rather than run it differently.
+        let answer = match pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.runtime_class_name.as_deref())
+        {
+            None | Some("") => Ok(String::new()),
+            Some(name) => Err(ObjectsError::RuntimeClass(format!(
+                "runtimeClassName {name:?} cannot be resolved: evlet runs without an API server"
+            ))),
+        };
+        Box::pin(std::future::ready(answer))
+    }
+
+    fn service_env<'a>(
+        &'a self,
+        _: &'a str,
+        _: bool,
+        _: bool,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, ObjectsError>> {
+        // No services without an API server (upstream: no service variables at all).
+        Box::pin(std::future::ready(Ok(Vec::new())))
     }
 }
 

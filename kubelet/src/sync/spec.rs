@@ -15,7 +15,7 @@ use crate::resources::{self, List, Qos, qos};
 use crate::runtime::Kind;
 
 /// Node-level facts the configs need.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NodeContext {
     /// The node's name.
     pub node_name: String,
@@ -27,6 +27,12 @@ pub struct NodeContext {
     pub host_ip: Option<String>,
     /// Node memory capacity in bytes (for Burstable `oom_score_adj`).
     pub memory_capacity: i64,
+    /// The node's DNS settings (`clusterDNS`, `clusterDomain`, `resolvConf`).
+    pub dns: crate::dns::NodeDns,
+    /// `seccompDefault`: containers without a profile get RuntimeDefault.
+    pub seccomp_default: bool,
+    /// Image pulls at once (`serializeImagePulls`: 1; 0 counts as 1).
+    pub parallel_image_pulls: usize,
 }
 
 /// The pod's cgroup (cgroupfs driver): `<pods>/pod<uid>` for Guaranteed,
@@ -74,8 +80,44 @@ fn pod_labels(pod: &Pod) -> HashMap<String, String> {
     .into()
 }
 
-/// The sandbox config of attempt `attempt`.
-pub fn sandbox_config(node: &NodeContext, pod: &Pod, attempt: u32) -> api::PodSandboxConfig {
+/// The pod's namespaces: the host's network, PID or IPC namespace when asked,
+/// one PID namespace for the pod with `shareProcessNamespace`, else the
+/// container's own.
+pub fn namespaces(pod: &Pod) -> api::NamespaceOption {
+    let spec = pod.spec.as_ref();
+    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| {
+        spec.and_then(f).unwrap_or(false)
+    };
+    let ns_mode = |host: bool| if host { api::NamespaceMode::Node } else { api::NamespaceMode::Pod } as i32;
+    api::NamespaceOption {
+        network: ns_mode(flag(|s| s.host_network)),
+        pid: if flag(|s| s.host_pid) {
+            api::NamespaceMode::Node
+        } else if flag(|s| s.share_process_namespace) {
+            api::NamespaceMode::Pod
+        } else {
+            api::NamespaceMode::Container
+        } as i32,
+        ipc: ns_mode(flag(|s| s.host_ipc)),
+        ..Default::default()
+    }
+}
+
+/// Why a sandbox config cannot be made (the pod's names).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SandboxConfigError(pub String);
+
+/// The sandbox config of attempt `attempt`: names and DNS (see [`crate::dns`]),
+/// host ports, namespaces, the pod's security context, sysctls.
+///
+/// # Errors
+/// A hostname or FQDN upstream would refuse, or a resolv.conf that does not parse.
+pub fn sandbox_config(
+    node: &NodeContext,
+    pod: &Pod,
+    attempt: u32,
+) -> Result<api::PodSandboxConfig, SandboxConfigError> {
     let spec = pod.spec.clone().unwrap_or_default();
     let mut sandbox_labels: HashMap<String, String> = pod
         .metadata
@@ -85,10 +127,8 @@ pub fn sandbox_config(node: &NodeContext, pod: &Pod, attempt: u32) -> api::PodSa
         .into_iter()
         .collect();
     sandbox_labels.extend(pod_labels(pod));
-    let hostname = spec
-        .hostname
-        .clone()
-        .unwrap_or_else(|| pod::name(pod).chars().take(63).collect());
+    let names = crate::dns::names(pod, &node.dns.cluster_domain).map_err(SandboxConfigError)?;
+    let (resolver, _) = crate::dns::resolver(pod, &node.dns).map_err(SandboxConfigError)?;
     let port_mappings = spec
         .containers
         .iter()
@@ -106,42 +146,32 @@ pub fn sandbox_config(node: &NodeContext, pod: &Pod, attempt: u32) -> api::PodSa
         })
         .collect();
     let host_network = spec.host_network.unwrap_or(false);
-    let ns_mode = |host: bool| if host { api::NamespaceMode::Node } else { api::NamespaceMode::Pod } as i32;
     let psc = spec.security_context.clone().unwrap_or_default();
-    api::PodSandboxConfig {
+    Ok(api::PodSandboxConfig {
         metadata: Some(api::PodSandboxMetadata {
             name: pod::name(pod).to_owned(),
             uid: pod::uid(pod).0,
             namespace: pod::namespace(pod).to_owned(),
             attempt,
         }),
+        // A hostNetwork sandbox keeps the node's name (upstream).
         hostname: if host_network {
             String::new()
         } else {
-            hostname
+            names.kernel
         },
         log_directory: log_dir(node, pod).display().to_string(),
+        dns_config: Some(api::DnsConfig {
+            servers: resolver.servers,
+            searches: resolver.searches,
+            options: resolver.options,
+        }),
         port_mappings,
         labels: sandbox_labels,
         annotations: pod::annotations(pod).into_iter().collect(),
         linux: Some(api::LinuxPodSandboxConfig {
             cgroup_parent: pod_cgroup(node, pod),
-            security_context: Some(api::LinuxSandboxSecurityContext {
-                namespace_options: Some(api::NamespaceOption {
-                    network: ns_mode(host_network),
-                    pid: if spec.host_pid.unwrap_or(false) {
-                        api::NamespaceMode::Node
-                    } else {
-                        api::NamespaceMode::Container
-                    } as i32,
-                    ipc: ns_mode(spec.host_ipc.unwrap_or(false)),
-                    ..Default::default()
-                }),
-                run_as_user: psc.run_as_user.map(|v| api::Int64Value { value: v }),
-                run_as_group: psc.run_as_group.map(|v| api::Int64Value { value: v }),
-                supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
-                ..Default::default()
-            }),
+            security_context: Some(super::security::sandbox(pod, namespaces(pod))),
             sysctls: psc
                 .sysctls
                 .iter()
@@ -151,7 +181,7 @@ pub fn sandbox_config(node: &NodeContext, pod: &Pod, attempt: u32) -> api::PodSa
             ..Default::default()
         }),
         ..Default::default()
-    }
+    })
 }
 
 /// Linux resources of a container: CPU shares from requests, quota from limits,
@@ -166,18 +196,24 @@ pub fn linux_resources(
     let (req_cpu, req_mem) = resources::values(c, List::Requests);
     let req_cpu = req_cpu.or(limit_cpu);
     let req_mem = req_mem.or(limit_mem);
-    let shares = req_cpu.map_or(2, |m| (m * 1024 / 1000).max(2));
+    // Widened arithmetic: a request of petabytes or a million CPUs is valid
+    // input and must not overflow (found by fuzzing). Shares are capped at
+    // the kernel's maximum, as upstream's MilliCPUToShares does.
+    let narrow = |v: i128| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
+    let shares = req_cpu.map_or(2, |m| narrow(i128::from(m) * 1024 / 1000).clamp(2, 262_144));
     let oom_score_adj = match qos(pod) {
         Qos::Guaranteed => -997,
         Qos::BestEffort => 1000,
         Qos::Burstable => {
             let cap = node.memory_capacity.max(1);
-            (1000 - 1000 * req_mem.unwrap_or(0) / cap).clamp(2, 999)
+            narrow(1000 - 1000 * i128::from(req_mem.unwrap_or(0)) / i128::from(cap)).clamp(2, 999)
         }
     };
     api::LinuxContainerResources {
         cpu_period: if limit_cpu.is_some() { PERIOD } else { 0 },
-        cpu_quota: limit_cpu.map_or(0, |m| (m * PERIOD / 1000).max(1000)),
+        cpu_quota: limit_cpu.map_or(0, |m| {
+            narrow(i128::from(m) * i128::from(PERIOD) / 1000).max(1000)
+        }),
         cpu_shares: shares,
         memory_limit_in_bytes: limit_mem.unwrap_or(0),
         oom_score_adj,
@@ -212,12 +248,25 @@ pub struct ContainerContext<'a> {
     pub pod_ip: Option<&'a str>,
     /// ConfigMaps and Secrets the env refers to (API-server mode).
     pub objects: &'a env::ApiObjects,
+    /// Service variables (API-server mode).
+    pub services: &'a [(String, String)],
     /// The host file mounted at the container's `terminationMessagePath`
     /// (made by the syncer), if it has one.
     pub termination_log: Option<&'a std::path::Path>,
     /// The container's volume mounts, made by the volume manager (subPaths
     /// already bound beneath their volumes).
     pub mounts: &'a [api::Mount],
+}
+
+/// Why a container config cannot be made (CreateContainerConfigError).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// An env var.
+    #[error(transparent)]
+    Env(#[from] env::EnvError),
+    /// The security context.
+    #[error(transparent)]
+    Security(#[from] super::security::SecurityError),
 }
 
 /// The CRI config of one container instance.
@@ -229,7 +278,7 @@ pub fn container_config(
     pod: &Pod,
     c: &Container,
     ctx: &ContainerContext<'_>,
-) -> Result<api::ContainerConfig, env::EnvError> {
+) -> Result<api::ContainerConfig, ConfigError> {
     let envs = env::build(
         pod,
         c,
@@ -237,6 +286,7 @@ pub fn container_config(
             pod_ip: ctx.pod_ip,
             host_ip: node.host_ip.as_deref(),
             objects: ctx.objects,
+            services: ctx.services,
         },
     )?;
     let env_map = envs.iter().cloned().collect();
@@ -276,58 +326,13 @@ pub fn container_config(
                 .unwrap_or_else(|| "File".into()),
         );
     }
-    let sc = c.security_context.clone().unwrap_or_default();
-    let psc = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.security_context.clone())
-        .unwrap_or_default();
-    let caps = sc.capabilities.clone().unwrap_or_default();
-    let security = api::LinuxContainerSecurityContext {
-        capabilities: Some(api::Capability {
-            add_capabilities: caps.add.unwrap_or_default(),
-            drop_capabilities: caps.drop.unwrap_or_default(),
-            ..Default::default()
-        }),
-        privileged: sc.privileged.unwrap_or(false),
-        namespace_options: Some(api::NamespaceOption {
-            network: if pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.host_network)
-                .unwrap_or(false)
-            {
-                api::NamespaceMode::Node
-            } else {
-                api::NamespaceMode::Pod
-            } as i32,
-            pid: if pod.spec.as_ref().and_then(|s| s.host_pid).unwrap_or(false) {
-                api::NamespaceMode::Node
-            } else {
-                api::NamespaceMode::Container
-            } as i32,
-            ipc: api::NamespaceMode::Pod as i32,
-            ..Default::default()
-        }),
-        run_as_user: sc
-            .run_as_user
-            .or(psc.run_as_user)
-            .map(|v| api::Int64Value { value: v }),
-        run_as_group: sc
-            .run_as_group
-            .or(psc.run_as_group)
-            .map(|v| api::Int64Value { value: v }),
-        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
-        // fsGroup joins the pod's supplemental groups (upstream's
-        // determineEffectiveSecurityContext), so volumes it owns are writable.
-        supplemental_groups: psc
-            .fs_group
-            .into_iter()
-            .chain(psc.supplemental_groups.unwrap_or_default())
-            .collect(),
-        no_new_privs: sc.allow_privilege_escalation == Some(false),
-        ..Default::default()
-    };
+    let security = super::security::container(
+        pod,
+        c,
+        namespaces(pod),
+        node.seccomp_default,
+        &node.root_dir,
+    )?;
     Ok(api::ContainerConfig {
         metadata: Some(api::ContainerMetadata {
             name: c.name.clone(),
@@ -377,6 +382,7 @@ mod tests {
             pods_cgroup: "/kubepods".into(),
             host_ip: Some("192.0.2.1".into()),
             memory_capacity: 8 << 30,
+            ..Default::default()
         }
     }
 
@@ -419,6 +425,22 @@ mod tests {
     }
 
     #[test]
+    fn huge_quantities_saturate_instead_of_overflowing() {
+        // Found by fuzzing: `memory: 32Pi` in a Burstable pod overflowed the
+        // oom_score_adj arithmetic.
+        let p = pod("{requests: {cpu: 50m, memory: 32Pi}, limits: {cpu: '100000000000000'}}");
+        let r = linux_resources(&node(), &p, &p.spec.as_ref().expect("spec").containers[0]);
+        assert_eq!((r.oom_score_adj, r.cpu_quota), (2, i64::MAX));
+        let big = pod("{requests: {cpu: '9000000000000000'}}");
+        let r = linux_resources(
+            &node(),
+            &big,
+            &big.spec.as_ref().expect("spec").containers[0],
+        );
+        assert_eq!(r.cpu_shares, 262_144);
+    }
+
+    #[test]
     fn container_config_carries_labels_log_path_and_expanded_args() {
         let p = pod("{}");
         let c = &p.spec.as_ref().expect("spec").containers[0];
@@ -431,6 +453,7 @@ mod tests {
                 restart_count: 2,
                 pod_ip: None,
                 objects: &super::env::ApiObjects::default(),
+                services: &[],
                 termination_log: None,
                 mounts: &[],
             },
@@ -441,7 +464,7 @@ mod tests {
         assert_eq!(cfg.metadata.map(|m| m.attempt), Some(2));
         assert_eq!(cfg.labels[labels::POD_UID], "u1");
         assert_eq!(cfg.annotations[labels::RESTART_COUNT], "2");
-        let sandbox = sandbox_config(&node(), &p, 0);
+        let sandbox = sandbox_config(&node(), &p, 0).expect("sandbox config");
         assert_eq!(
             sandbox.log_directory,
             "/var/lib/evlet/logs/pods/prod_web_u1"

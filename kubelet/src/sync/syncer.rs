@@ -63,6 +63,8 @@ pub struct Syncer {
     pub(super) objects: Arc<dyn EnvObjects>,
     /// Sets up and tears down the pods' volumes.
     pub(super) volumes: Arc<VolumeManager>,
+    /// Image pulls at once (`serializeImagePulls`: 1).
+    pub(super) pull_slots: tokio::sync::Semaphore,
 }
 
 impl Syncer {
@@ -76,6 +78,7 @@ impl Syncer {
         volumes: Arc<VolumeManager>,
         events: Arc<dyn EventRecorder>,
     ) -> Self {
+        let pull_slots = tokio::sync::Semaphore::new(node_pulls(&node));
         Self {
             client,
             node,
@@ -87,6 +90,7 @@ impl Syncer {
             events,
             objects,
             volumes,
+            pull_slots,
         }
     }
 
@@ -105,6 +109,18 @@ impl Syncer {
             reason,
             message,
         ));
+    }
+
+    /// Records an event about the pod itself.
+    pub(super) fn pod_event(&self, pod: &Pod, kind: &str, reason: &str, message: String) {
+        self.events.record(crate::diagnostics::Event::about(
+            pod, None, kind, reason, message,
+        ));
+    }
+
+    /// Records an event about `pod` (for the pod workers).
+    pub fn record_pod_event(&self, pod: &Pod, kind: &str, reason: &str, message: String) {
+        self.pod_event(pod, kind, reason, message);
     }
 
     /// The node context.
@@ -193,14 +209,68 @@ impl Syncer {
             self.kill_container(pod, &k.id, &k.name, &k.reason, grace)
                 .await?;
         }
+        let attempt = if actions.create_sandbox {
+            actions.attempt
+        } else {
+            actions
+                .attempt
+                .max(status.sandboxes.first().map_or(0, |s| s.attempt))
+        };
+        let sandbox_config = match spec::sandbox_config(&self.node, pod, attempt) {
+            Ok(c) => c,
+            Err(e) => {
+                self.pod_event(
+                    pod,
+                    "Warning",
+                    "FailedCreatePodSandBox",
+                    format!("Failed to create pod sandbox: {e}"),
+                );
+                outcome.retry_after = Some(Duration::from_secs(10));
+                return Ok(outcome);
+            }
+        };
         let sandbox = if actions.create_sandbox {
             let log_dir = spec::log_dir(&self.node, pod);
             if let Err(e) = std::fs::create_dir_all(&log_dir) {
                 tracing::warn!(dir = %log_dir.display(), %e, "cannot create pod log directory");
             }
+            if let Ok((_, warnings)) = crate::dns::resolver(pod, &self.node.dns) {
+                for w in warnings {
+                    self.pod_event(pod, "Warning", w.reason, w.message);
+                }
+            }
+            let handler = match self.objects.runtime_handler(pod).await {
+                Ok(h) => h,
+                Err(e) => {
+                    self.pod_event(
+                        pod,
+                        "Warning",
+                        "FailedCreatePodSandBox",
+                        format!("Failed to create pod sandbox: {e}"),
+                    );
+                    outcome.retry_after = Some(Duration::from_secs(10));
+                    return Ok(outcome);
+                }
+            };
             outcome.changed = true;
-            let config = spec::sandbox_config(&self.node, pod, actions.attempt);
-            let id = self.client.run_pod_sandbox(config, "").await?;
+            let id = match self
+                .client
+                .run_pod_sandbox(sandbox_config.clone(), &handler)
+                .await
+            {
+                Ok(id) => id,
+                Err(e) if e.is_retryable() => return Err(e.into()),
+                Err(e) => {
+                    self.pod_event(
+                        pod,
+                        "Warning",
+                        "FailedCreatePodSandBox",
+                        format!("Failed to create pod sandbox: {}", e.message),
+                    );
+                    outcome.retry_after = Some(Duration::from_secs(10));
+                    return Ok(outcome);
+                }
+            };
             tracing::info!(pod = %pod::key(pod), sandbox = %id.short(), attempt = actions.attempt, "sandbox started");
             id
         } else {
@@ -219,13 +289,6 @@ impl Syncer {
         } else {
             status.ip().map(str::to_owned)
         };
-        let sandbox_config = spec::sandbox_config(
-            &self.node,
-            pod,
-            actions
-                .attempt
-                .max(status.sandboxes.first().map_or(0, |s| s.attempt)),
-        );
         let spec = pod.spec.clone().unwrap_or_default();
         for target in &actions.start {
             if cancel.is_cancelled() {
@@ -349,10 +412,30 @@ impl Syncer {
                 Some(Duration::from_secs(10)),
             )
         };
+        if let Some(false) = pod.spec.as_ref().and_then(|s| s.host_users) {
+            // User namespaces need ID mappings evlet does not make yet: refuse
+            // rather than run the pod in the host's user namespace.
+            return Err(config_error(
+                "can't set `spec.hostUsers: false`: evlet does not support user namespaces".into(),
+            ));
+        }
+        let image_user = self.image_user(c).await.map_err(Start::Runtime)?;
+        super::security::verify_run_as_non_root(pod, c, &image_user)
+            .map_err(|e| config_error(e.to_string()))?;
         let refs = super::env::references(c);
         let objects = self
             .objects
             .fetch(pod::namespace(pod), &refs)
+            .await
+            .map_err(|e| config_error(e.to_string()))?;
+        let links = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.enable_service_links)
+            .unwrap_or(true);
+        let services = self
+            .objects
+            .service_env(pod::namespace(pod), links, !pod::is_static(pod))
             .await
             .map_err(|e| config_error(e.to_string()))?;
         let termination_log = match spec::termination_message_path(c) {
@@ -373,6 +456,7 @@ impl Syncer {
                 pod_ip,
                 host_ip: self.node.host_ip.as_deref(),
                 objects: &objects,
+                services: &services,
             };
             super::env::build(pod, c, &rt)
                 .map_err(|e| config_error(e.to_string()))?
@@ -381,15 +465,22 @@ impl Syncer {
         } else {
             Default::default()
         };
-        let mounts = self
+        let mut mounts = self
             .volumes
             .container_mounts(c, volumes, &env)
             .map_err(|e| config_error(e.to_string()))?;
+        if let Some(hosts) = self
+            .hosts_file(pod, c, pod_ip)
+            .map_err(|e| config_error(e.to_string()))?
+        {
+            mounts.push(hosts);
+        }
         let ctx = ContainerContext {
             kind,
             restart_count,
             pod_ip,
             objects: &objects,
+            services: &services,
             termination_log: termination_log.as_deref(),
             mounts: &mounts,
         };
@@ -479,6 +570,70 @@ impl Syncer {
         Ok(())
     }
 
+    /// The user the container's image runs as (for `runAsNonRoot`).
+    async fn image_user(
+        &self,
+        c: &Container,
+    ) -> Result<super::security::ImageUser, evlet_cri::Error> {
+        let image = c.image.clone().unwrap_or_default();
+        let status = self.client.image_status(&image).await?;
+        Ok(super::security::ImageUser {
+            uid: status
+                .as_ref()
+                .and_then(|i| i.uid.as_ref())
+                .map(|u| u.value),
+            username: status.map(|i| i.username).unwrap_or_default(),
+        })
+    }
+
+    /// The kubelet-managed `/etc/hosts` of a container, written into the pod's
+    /// directory (upstream: only once the pod has an IP, and not for a
+    /// container that mounts its own `/etc/hosts`).
+    fn hosts_file(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        pod_ip: Option<&str>,
+    ) -> std::io::Result<Option<evlet_cri::api::Mount>> {
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        let ips: Vec<String> = match (host_network, pod_ip) {
+            (true, _) => self.node.host_ip.iter().cloned().collect(),
+            (false, Some(ip)) => vec![ip.to_owned()],
+            (false, None) => Vec::new(),
+        };
+        if ips.is_empty()
+            || c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == "/etc/hosts")
+        {
+            return Ok(None);
+        }
+        let Ok(names) = crate::dns::names(pod, &self.node.dns.cluster_domain) else {
+            return Ok(None);
+        };
+        let node_hosts = if host_network {
+            Some(std::fs::read_to_string("/etc/hosts")?)
+        } else {
+            None
+        };
+        let text = crate::dns::hosts_file(pod, &names, &ips, node_hosts.as_deref());
+        let dir = spec::pod_dir(&self.node, pod);
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("etc-hosts");
+        std::fs::write(&path, text)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        Ok(Some(evlet_cri::api::Mount {
+            container_path: "/etc/hosts".into(),
+            host_path: path.display().to_string(),
+            ..Default::default()
+        }))
+    }
+
     async fn ensure_image(
         &self,
         pod: &Pod,
@@ -540,11 +695,48 @@ impl Syncer {
                 ));
             }
         }
-        match self
-            .client
-            .pull_image(&image, Some(sandbox_config.clone()))
-            .await
-        {
+        let credentials = self.pull_credentials(pod, c, &image).await;
+        self.event(
+            pod,
+            &c.name,
+            "Normal",
+            "Pulling",
+            format!("Pulling image {image:?}"),
+        );
+        // serializeImagePulls / maxParallelImagePulls.
+        let _turn = self.pull_slots.acquire().await;
+        let mut result = Err(evlet_cri::Error {
+            call: "PullImage",
+            object: Some(image.clone()),
+            kind: evlet_cri::ErrorKind::Other,
+            message: "no attempt".into(),
+        });
+        let attempts: Vec<Option<evlet_cri::api::AuthConfig>> = if credentials.is_empty() {
+            vec![None]
+        } else {
+            credentials
+                .into_iter()
+                .map(|c| {
+                    Some(evlet_cri::api::AuthConfig {
+                        username: c.username,
+                        password: c.password,
+                        auth: c.auth,
+                        server_address: c.server,
+                        ..Default::default()
+                    })
+                })
+                .collect()
+        };
+        for auth in attempts {
+            result = self
+                .client
+                .pull_image(&image, auth, Some(sandbox_config.clone()))
+                .await;
+            if result.is_ok() {
+                break;
+            }
+        }
+        match result {
             Ok(_) => {
                 lock(&self.pulls).forget_prefix(&key);
                 self.event(
@@ -576,6 +768,67 @@ impl Syncer {
             }
         }
     }
+}
+
+impl Syncer {
+    /// The registry credentials of the pod's `imagePullSecrets` for `image`.
+    /// Secrets that cannot be read are reported (upstream's
+    /// `FailedToRetrieveImagePullSecret`) and the pull is tried without them.
+    async fn pull_credentials(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        image: &str,
+    ) -> Vec<crate::credentials::Credential> {
+        let names: std::collections::BTreeSet<String> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.image_pull_secrets.iter().flatten())
+            .map(|r| r.name.clone())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Vec::new();
+        }
+        let refs = super::env::References {
+            secrets: names.clone(),
+            ..Default::default()
+        };
+        let objects = self
+            .objects
+            .fetch(pod::namespace(pod), &refs)
+            .await
+            .unwrap_or_default();
+        let missing: Vec<&str> = names
+            .iter()
+            .filter(|n| !objects.secrets.contains_key(*n))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            self.pod_event(
+                pod,
+                "Warning",
+                "FailedToRetrieveImagePullSecret",
+                format!(
+                    "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                    missing.join(", ")
+                ),
+            );
+        }
+        let mut keyring = crate::credentials::Keyring::default();
+        for (name, data) in &objects.secrets {
+            if let Err(e) = keyring.add_secret(name, data) {
+                self.event(pod, &c.name, "Warning", "Failed", e.to_string());
+            }
+        }
+        keyring.lookup(image)
+    }
+}
+
+/// The permits of the image pull semaphore.
+fn node_pulls(node: &NodeContext) -> usize {
+    node.parallel_image_pulls
+        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS)
 }
 
 /// How soon a pod whose volumes are not ready is synced again.

@@ -28,7 +28,10 @@ pub struct Invalid {
 }
 
 mod handlers;
+mod support;
 mod volumes;
+
+pub use support::{foreign_os, unsupported};
 
 struct Errors(Vec<FieldError>);
 
@@ -52,6 +55,52 @@ fn is_dns_label(s: &str) -> bool {
 
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// A label value: at most 63 characters of alphanumerics, `-`, `_` and `.`,
+/// beginning and ending with an alphanumeric (or empty).
+///
+/// # Errors
+/// What is wrong, in upstream's words.
+pub fn label_value(s: &str) -> Result<(), &'static str> {
+    let edge = |b: Option<&u8>| b.is_none_or(u8::is_ascii_alphanumeric);
+    if s.len() > 63 {
+        Err("must be no more than 63 characters")
+    } else if !s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        || !edge(s.as_bytes().first())
+        || !edge(s.as_bytes().last())
+    {
+        Err(
+            "a valid label must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+        )
+    } else {
+        Ok(())
+    }
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name that
+/// is a non-empty label value.
+///
+/// # Errors
+/// What is wrong, in upstream's words.
+pub fn label_key(s: &str) -> Result<(), &'static str> {
+    let name = match s.rsplit_once('/') {
+        Some((prefix, name)) => {
+            if !is_dns_subdomain(prefix) {
+                return Err("prefix part must be a lowercase RFC 1123 subdomain");
+            }
+            name
+        }
+        None => s,
+    };
+    if name.is_empty() {
+        return Err("name part must be non-empty");
+    }
+    label_value(name).map_err(|_| {
+        "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (at most 63)"
+    })
 }
 
 const DNS_LABEL_MSG: &str =
@@ -100,6 +149,13 @@ pub fn validate(pod: &Pod) -> Result<(), Invalid> {
     }
     if spec.containers.is_empty() {
         e.add("spec.containers", "Required value");
+    }
+    e.0.extend(unsupported(spec));
+    if let Some(os) = foreign_os(spec) {
+        e.add(
+            "spec.os.name",
+            format!("Unsupported value {os:?}: this node runs \"linux\""),
+        );
     }
     let volumes = volumes::validate(spec.volumes.as_deref().unwrap_or_default(), &mut e);
     let grace = spec.termination_grace_period_seconds.unwrap_or(30);

@@ -5,9 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{
-    KeyToPath, NodeSelectorRequirement, PersistentVolume, Pod, Volume,
-};
+use k8s_openapi::api::core::v1::{KeyToPath, PersistentVolume, Pod, Volume};
 
 use super::atomic::{self, File};
 use super::sources::{SourceError, TokenRequest, VolumeSources};
@@ -380,32 +378,6 @@ pub(super) async fn gather(
     ))
 }
 
-/// Does a node with `facts` satisfy `req`?
-fn requirement(facts: &NodeFacts, req: &NodeSelectorRequirement, field: bool) -> bool {
-    let value = if field {
-        (req.key == "metadata.name").then(|| facts.name.clone())
-    } else {
-        facts.labels.get(&req.key).cloned()
-    };
-    let values = req.values.as_deref().unwrap_or_default();
-    match req.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(&v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(&v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        op @ ("Gt" | "Lt") => {
-            let (Some(v), Some(bound)) = (
-                value.and_then(|v| v.parse::<i64>().ok()),
-                values.first().and_then(|b| b.parse::<i64>().ok()),
-            ) else {
-                return false;
-            };
-            if op == "Gt" { v > bound } else { v < bound }
-        }
-        _ => false,
-    }
-}
-
 /// A persistent volume's required node affinity, checked against this node.
 fn node_affinity_ok(pv: &PersistentVolume, facts: &NodeFacts) -> bool {
     let Some(required) = pv
@@ -416,13 +388,13 @@ fn node_affinity_ok(pv: &PersistentVolume, facts: &NodeFacts) -> bool {
     else {
         return true;
     };
-    required.node_selector_terms.iter().any(|term| {
-        let exprs = term.match_expressions.iter().flatten();
-        let fields = term.match_fields.iter().flatten();
-        (term.match_expressions.is_some() || term.match_fields.is_some())
-            && exprs.clone().all(|r| requirement(facts, r, false))
-            && fields.clone().all(|r| requirement(facts, r, true))
-    })
+    crate::node_selector::selector_matches(
+        required,
+        crate::node_selector::NodeRef {
+            name: &facts.name,
+            labels: &facts.labels,
+        },
+    )
 }
 
 /// Sets volume `v` of `pod` up under the pod's directory `pod_dir`.

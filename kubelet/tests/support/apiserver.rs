@@ -112,6 +112,8 @@ fn kind_of(coll: &str) -> (&'static str, &'static str) {
         "serviceaccounts" => ("ServiceAccount", "v1"),
         "persistentvolumeclaims" => ("PersistentVolumeClaim", "v1"),
         "persistentvolumes" => ("PersistentVolume", "v1"),
+        "services" => ("Service", "v1"),
+        "runtimeclasses" => ("RuntimeClass", "node.k8s.io/v1"),
         _ => ("Unknown", "v1"),
     }
 }
@@ -203,15 +205,19 @@ pub fn merge(target: &mut Value, patch: &Value) {
 
 fn field_matches(obj: &Value, selector: &str) -> bool {
     selector.split(',').filter(|s| !s.is_empty()).all(|term| {
-        let Some((path, want)) = term.split_once('=') else {
-            return true;
+        let (path, want, negated) = match term.split_once("!=") {
+            Some((path, want)) => (path, want, true),
+            None => match term.split_once('=') {
+                Some((path, want)) => (path.trim_end_matches('='), want, false),
+                None => return true,
+            },
         };
         let got = path
             .split('.')
             .try_fold(obj, |v, seg| v.get(seg))
             .and_then(Value::as_str)
             .unwrap_or("");
-        got == want
+        (got == want) != negated
     })
 }
 

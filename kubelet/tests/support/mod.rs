@@ -65,7 +65,9 @@ impl World {
             api: None,
             max_pods: evlet::config::MAX_PODS,
             register_with_taints: Vec::new(),
+            node_labels: Default::default(),
             sync_frequency: evlet::workers::RESYNC,
+            pods: Default::default(),
         }
     }
 

@@ -42,6 +42,12 @@ impl Drop for Rig {
 }
 
 pub async fn rig() -> Rig {
+    rig_with(Arc::new(NoApiServer)).await
+}
+
+/// The rig with `objects` as the source of Secrets, ConfigMaps, RuntimeClass
+/// handlers and Services.
+pub async fn rig_with(objects: Arc<dyn evlet::sync::objects::EnvObjects>) -> Rig {
     let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
     let client = RuntimeClient::connect(&server.endpoint(), Options::default()).expect("endpoint");
     let root = tempfile::tempdir().expect("root");
@@ -67,6 +73,7 @@ pub async fn rig() -> Rig {
         pods_cgroup: "/evlet-fake/kubepods".into(),
         host_ip: None,
         memory_capacity: 1 << 30,
+        ..Default::default()
     };
     let (done_tx, done) = mpsc::unbounded_channel();
     let diagnostics = Arc::new(evlet::diagnostics::Diagnostics::default());
@@ -83,7 +90,7 @@ pub async fn rig() -> Rig {
             syncer: Arc::new(Syncer::new(
                 client,
                 node,
-                Arc::new(NoApiServer),
+                objects,
                 Arc::new(evlet::volume::VolumeManager::new(
                     root.path().to_path_buf(),
                     Arc::new(evlet::volume::NoApiServer),
