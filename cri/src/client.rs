@@ -378,6 +378,21 @@ impl RuntimeClient {
         Ok(rpc!(self.runtime.exec(req), call).await?.url)
     }
 
+    /// `Attach`: prepares a streaming attach session and returns its URL.
+    pub async fn attach(&self, req: api::AttachRequest) -> Result<String, Error> {
+        let id = req.container_id.clone();
+        let call = self.mutate("Attach", Some(id.as_str()), Idempotent::No);
+        Ok(rpc!(self.runtime.attach(req), call).await?.url)
+    }
+
+    /// `PortForward`: prepares a streaming port-forward session into a sandbox
+    /// and returns its URL.
+    pub async fn port_forward(&self, req: api::PortForwardRequest) -> Result<String, Error> {
+        let id = req.pod_sandbox_id.clone();
+        let call = self.mutate("PortForward", Some(id.as_str()), Idempotent::No);
+        Ok(rpc!(self.runtime.port_forward(req), call).await?.url)
+    }
+
     /// `ContainerStats`.
     pub async fn container_stats(&self, id: &ContainerId) -> Result<api::ContainerStats, Error> {
         let req = api::ContainerStatsRequest {

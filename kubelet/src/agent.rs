@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use evlet_cri::{Options, RuntimeClient};
 use tokio::sync::{mpsc, watch};
@@ -66,6 +67,9 @@ pub enum StartError {
     /// The HTTP endpoint could not be bound.
     #[error(transparent)]
     Http(#[from] std::io::Error),
+    /// The secured port's TLS could not be set up.
+    #[error("the secured kubelet API: {0}")]
+    Tls(#[from] crate::server::tls::TlsError),
 }
 
 /// A running agent's handles, for tests and the binary.
@@ -87,6 +91,8 @@ pub struct Handles {
     pub hints: Option<Arc<Hints>>,
     /// The probe manager.
     pub prober: Prober,
+    /// Where the secured kubelet API listens, if it is served.
+    pub secure_address: Option<std::net::SocketAddr>,
 }
 
 /// Starts the agent; it runs until `shutdown` is cancelled.
@@ -190,7 +196,29 @@ pub async fn start(
 
     let (src_tx, src_rx) = mpsc::channel::<SourceMessage>(64);
     let mut expected = start_static_sources(&config, &src_tx, &shutdown);
-    let served = start_server(&config, &workers, &pleg, &metrics, &diagnostics, &shutdown).await?;
+    let served = start_server(
+        &config,
+        Collected {
+            workers: &workers,
+            pleg: &pleg,
+            metrics: &metrics,
+            diagnostics: &diagnostics,
+            runtime: &client,
+            cache: &cache,
+        },
+        &shutdown,
+    )
+    .await?;
+    let secure_address = start_secure(&config, &served, &shutdown).await?;
+    tokio::spawn(crate::logrotate::run(
+        client.clone(),
+        crate::logrotate::Policy {
+            max_size: config.pods.container_log_max_size,
+            max_files: config.pods.container_log_max_files.max(2),
+        },
+        config.pods.container_log_monitor_interval,
+        shutdown.child_token(),
+    ));
     tokio::spawn(health::watch_runtime(
         client,
         Arc::clone(&served.checks),
@@ -208,6 +236,7 @@ pub async fn start(
                 &served,
                 &machine,
                 runtime_version,
+                secure_address.map_or(config.address.port(), |a| a.port()),
                 &shutdown,
             ))
         }
@@ -236,6 +265,7 @@ pub async fn start(
         ebpf: pleg.ebpf,
         hints: pleg.hints,
         prober,
+        secure_address,
     };
     let inputs = Inputs {
         sources: src_rx,
@@ -441,6 +471,8 @@ fn build_syncer(
         root_dir: config.root_dir.clone(),
         pods_cgroup: pods_cgroup(config),
         host_ip: config.node_ip.clone(),
+        pod_logs_dir: config.pods.pod_logs_dir.clone(),
+        container_log_links: config.pods.container_log_links.clone(),
         memory_capacity: i64::try_from(machine.memory)
             .ok()
             .filter(|m| *m > 0)
@@ -522,26 +554,144 @@ fn start_static_sources(
     expected
 }
 
-/// Binds the HTTP endpoint.
+/// What the HTTP endpoints serve from.
+struct Collected<'a> {
+    workers: &'a PodWorkers,
+    pleg: &'a Pleg,
+    metrics: &'a Arc<Metrics>,
+    diagnostics: &'a Arc<Diagnostics>,
+    runtime: &'a RuntimeClient,
+    cache: &'a PodCache,
+}
+
+/// Binds the read-only HTTP endpoint.
 async fn start_server(
     config: &Config,
-    workers: &PodWorkers,
-    pleg: &Pleg,
-    metrics: &Arc<Metrics>,
-    diagnostics: &Arc<Diagnostics>,
+    c: Collected<'_>,
     shutdown: &CancellationToken,
 ) -> Result<Arc<Served>, StartError> {
     let served = Arc::new(Served {
-        workers: workers.clone(),
-        health: Arc::clone(&pleg.health),
-        metrics: Arc::clone(metrics),
-        mode: std::sync::Mutex::new(pleg.mode.as_str().into()),
+        workers: c.workers.clone(),
+        health: Arc::clone(&c.pleg.health),
+        metrics: Arc::clone(c.metrics),
+        mode: std::sync::Mutex::new(c.pleg.mode.as_str().into()),
         sources_ready: Default::default(),
         checks: Arc::new(Checks::default()),
-        diagnostics: Arc::clone(diagnostics),
+        diagnostics: Arc::clone(c.diagnostics),
+        runtime: c.runtime.clone(),
+        cache: c.cache.clone(),
+        configz: configz(config),
+        stats: crate::stats::StatsProvider::new(
+            c.runtime.clone(),
+            config.root_dir.clone(),
+            config
+                .pods
+                .pod_logs_dir
+                .clone()
+                .unwrap_or_else(|| config.root_dir.join("logs/pods")),
+            config.node_name.clone(),
+        ),
     });
     server::serve(config.address, Arc::clone(&served), shutdown.child_token()).await?;
     Ok(served)
+}
+
+/// The configuration `/configz` shows, in KubeletConfiguration's words.
+fn configz(config: &Config) -> serde_json::Value {
+    let secs = |d: Duration| format!("{}s", d.as_secs_f64());
+    serde_json::json!({
+        "staticPodPath": config.pod_manifest_path,
+        "staticPodURL": config.manifest_url,
+        "containerRuntimeEndpoint": config.runtime_endpoint,
+        "cgroupRoot": config.cgroup_root,
+        "fileCheckFrequency": secs(config.file_check_frequency),
+        "httpCheckFrequency": secs(config.http_check_frequency),
+        "syncFrequency": secs(config.sync_frequency),
+        "maxPods": config.max_pods,
+        "registerWithTaints": config.register_with_taints,
+        "clusterDNS": config.pods.cluster_dns,
+        "clusterDomain": config.pods.cluster_domain,
+        "resolvConf": config.pods.resolv_conf,
+        "seccompDefault": config.pods.seccomp_default,
+        "allowedUnsafeSysctls": config.pods.allowed_unsafe_sysctls,
+        "maxParallelImagePulls": config.pods.parallel_image_pulls,
+        "plegMode": config.pleg_mode.as_str(),
+        "plegSafetyRelistPeriod": secs(config.ebpf_relist_period),
+        "port": config.secure.as_ref().map(|s| s.address.port()),
+        "authentication": config.secure.as_ref().map(|s| serde_json::json!({
+            "anonymous": {"enabled": s.anonymous},
+            "webhook": {"enabled": s.token_webhook.is_some()},
+            "x509": {"clientCAFile": s.client_ca_file},
+        })),
+        "authorization": config.secure.as_ref().map(|s| serde_json::json!({
+            "mode": match s.authorization {
+                config::Authorization::AlwaysAllow => "AlwaysAllow",
+                config::Authorization::Webhook { .. } => "Webhook",
+            },
+        })),
+    })
+}
+
+/// Binds and serves the secured kubelet API, if configured.
+async fn start_secure(
+    config: &Config,
+    served: &Arc<Served>,
+    shutdown: &CancellationToken,
+) -> Result<Option<std::net::SocketAddr>, StartError> {
+    let Some(secure) = &config.secure else {
+        return Ok(None);
+    };
+    let reviews: Option<Arc<dyn server::auth::Reviews>> = config
+        .api
+        .as_ref()
+        .map(|c| Arc::new(api::reviews::ApiReviews::new(c.0.clone())) as _);
+    let mode = match (secure.authorization, &reviews) {
+        (
+            config::Authorization::Webhook {
+                allow_ttl,
+                deny_ttl,
+            },
+            Some(r),
+        ) => server::auth::Mode::Webhook {
+            reviews: Arc::clone(r),
+            allow_ttl,
+            deny_ttl,
+        },
+        _ => server::auth::Mode::AlwaysAllow,
+    };
+    let auth = Arc::new(server::auth::Auth::new(server::auth::Settings {
+        node: config.node_name.clone(),
+        anonymous: secure.anonymous,
+        tokens: secure
+            .token_webhook
+            .zip(reviews.clone())
+            .map(|(ttl, r)| (r, ttl)),
+        mode,
+    }));
+    let ips = config
+        .node_ip
+        .iter()
+        .filter_map(|ip| ip.parse().ok())
+        .chain([std::net::IpAddr::from([127, 0, 0, 1])])
+        .collect();
+    let tls = server::tls::server_config(&server::tls::TlsSettings {
+        cert_file: secure.tls_cert_file.clone(),
+        key_file: secure.tls_private_key_file.clone(),
+        client_ca_file: secure.client_ca_file.clone(),
+        cert_dir: config.root_dir.join("pki"),
+        hostname: config::hostname(),
+        ips,
+    })?;
+    let listener = server::secure::bind(secure.address).await?;
+    let address = listener.local_addr()?;
+    tracing::info!(%address, anonymous = secure.anonymous, webhook_authn = secure.token_webhook.is_some(), authorization = ?secure.authorization, "serving the secured kubelet API");
+    server::secure::serve(
+        listener,
+        tls,
+        server::secure::router(Arc::clone(served), auth),
+        shutdown.child_token(),
+    );
+    Ok(Some(address))
 }
 
 /// API-server mode: the pod watch, the event recorder, the status manager,
@@ -559,6 +709,7 @@ fn start_api(
     served: &Arc<Served>,
     machine: &Machine,
     runtime_version: String,
+    kubelet_port: u16,
     shutdown: &CancellationToken,
 ) -> ApiState {
     let client = api_client.0.clone();
@@ -587,7 +738,7 @@ fn start_api(
         labels: config.node_labels.clone(),
         root_dir: config.root_dir.clone(),
         runtime_version,
-        port: config.address.port(),
+        port: kubelet_port,
         ready: Arc::new(move || ready_served.ready()),
     };
     let (statics_tx, statics_rx) = watch::channel(api::mirror::Statics::new());

@@ -86,6 +86,42 @@ pub struct Config {
     pub pods: PodSettings,
     /// `--node-labels`: labels the node registers with, beside its defaults.
     pub node_labels: std::collections::BTreeMap<String, String>,
+    /// The secured kubelet API (`port`, TLS, authentication, authorization);
+    /// None: not served.
+    pub secure: Option<SecureServing>,
+}
+
+/// The secured kubelet API's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecureServing {
+    /// `address`:`port` (default `0.0.0.0:10250`).
+    pub address: SocketAddr,
+    /// `tlsCertFile`; None (with the key): a self-signed pair under `<root-dir>/pki`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `tlsPrivateKeyFile`.
+    pub tls_private_key_file: Option<PathBuf>,
+    /// `authentication.x509.clientCAFile`.
+    pub client_ca_file: Option<PathBuf>,
+    /// `authentication.anonymous.enabled`.
+    pub anonymous: bool,
+    /// `authentication.webhook`: enabled, with its `cacheTTL`.
+    pub token_webhook: Option<Duration>,
+    /// `authorization.mode`.
+    pub authorization: Authorization,
+}
+
+/// `authorization.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authorization {
+    /// Every authenticated request is allowed.
+    AlwaysAllow,
+    /// SubjectAccessReview, with `cacheAuthorizedTTL` and `cacheUnauthorizedTTL`.
+    Webhook {
+        /// How long an allow is cached.
+        allow_ttl: Duration,
+        /// How long a deny is cached.
+        deny_ttl: Duration,
+    },
 }
 
 /// The node's settings for the pods it runs (KubeletConfiguration fields of the
@@ -105,6 +141,18 @@ pub struct PodSettings {
     pub allowed_unsafe_sysctls: Vec<String>,
     /// `serializeImagePulls` / `maxParallelImagePulls`: pulls at once (1: serialized).
     pub parallel_image_pulls: usize,
+    /// `podLogsDir`: where containers' logs go (None: `<root-dir>/logs/pods`;
+    /// the binary's default is upstream's `/var/log/pods`).
+    pub pod_logs_dir: Option<PathBuf>,
+    /// Where `<pod>_<namespace>_<container>-<id>.log` links to the logs go
+    /// for log shippers (upstream's `/var/log/containers`); None: none.
+    pub container_log_links: Option<PathBuf>,
+    /// `containerLogMaxSize`: a log is rotated past this many bytes (10Mi).
+    pub container_log_max_size: u64,
+    /// `containerLogMaxFiles`: the log files kept per container, current included (5).
+    pub container_log_max_files: usize,
+    /// `containerLogMonitorInterval`: how often logs are checked (10 s).
+    pub container_log_monitor_interval: Duration,
 }
 
 impl Default for PodSettings {
@@ -116,6 +164,11 @@ impl Default for PodSettings {
             seccomp_default: false,
             allowed_unsafe_sysctls: Vec::new(),
             parallel_image_pulls: 1,
+            pod_logs_dir: None,
+            container_log_links: None,
+            container_log_max_size: 10 << 20,
+            container_log_max_files: 5,
+            container_log_monitor_interval: Duration::from_secs(10),
         }
     }
 }
@@ -224,6 +277,26 @@ pub struct KubeletConfiguration {
     pub serialize_image_pulls: Option<bool>,
     /// Image pulls at once when not serialized.
     pub max_parallel_image_pulls: Option<i32>,
+    /// Where containers' logs go (`/var/log/pods`).
+    pub pod_logs_dir: Option<PathBuf>,
+    /// A log is rotated past this size (a quantity, `10Mi`).
+    pub container_log_max_size: Option<String>,
+    /// Log files kept per container (5, at least 2).
+    pub container_log_max_files: Option<i64>,
+    /// How often logs are checked for rotation (`10s`).
+    pub container_log_monitor_interval: Option<String>,
+    /// The secured port (10250; 0: off).
+    pub port: Option<u16>,
+    /// The serving certificate.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The serving key.
+    pub tls_private_key_file: Option<PathBuf>,
+    /// How clients of the secured port authenticate.
+    #[serde(default)]
+    pub authentication: Authentication,
+    /// How their requests are authorized.
+    #[serde(default)]
+    pub authorization: AuthorizationConfig,
 }
 
 const KNOWN: &[&str] = &[
@@ -248,7 +321,199 @@ const KNOWN: &[&str] = &[
     "allowedUnsafeSysctls",
     "serializeImagePulls",
     "maxParallelImagePulls",
+    "podLogsDir",
+    "containerLogMaxSize",
+    "containerLogMaxFiles",
+    "containerLogMonitorInterval",
+    "port",
+    "tlsCertFile",
+    "tlsPrivateKeyFile",
+    "authentication",
+    "authorization",
 ];
+
+/// `authentication` of a KubeletConfiguration.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Authentication {
+    /// `x509`.
+    #[serde(default)]
+    pub x509: X509Authentication,
+    /// `webhook`.
+    #[serde(default)]
+    pub webhook: WebhookAuthentication,
+    /// `anonymous`.
+    #[serde(default)]
+    pub anonymous: AnonymousAuthentication,
+}
+
+/// `authentication.x509`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct X509Authentication {
+    /// `clientCAFile`.
+    #[serde(rename = "clientCAFile")]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// `authentication.webhook`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookAuthentication {
+    /// `enabled` (default true).
+    pub enabled: Option<bool>,
+    /// `cacheTTL` (default 2m).
+    #[serde(rename = "cacheTTL")]
+    pub cache_ttl: Option<String>,
+}
+
+/// `authentication.anonymous`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AnonymousAuthentication {
+    /// `enabled` (default false).
+    pub enabled: Option<bool>,
+}
+
+/// `authorization` of a KubeletConfiguration.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthorizationConfig {
+    /// `mode`: `Webhook` (default) or `AlwaysAllow`.
+    pub mode: Option<String>,
+    /// `webhook`.
+    #[serde(default)]
+    pub webhook: WebhookAuthorization,
+}
+
+/// `authorization.webhook`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookAuthorization {
+    /// `cacheAuthorizedTTL` (default 5m).
+    #[serde(rename = "cacheAuthorizedTTL")]
+    pub cache_authorized_ttl: Option<String>,
+    /// `cacheUnauthorizedTTL` (default 30s).
+    #[serde(rename = "cacheUnauthorizedTTL")]
+    pub cache_unauthorized_ttl: Option<String>,
+}
+
+/// Flags of the secured port; each overrides its config-file field.
+#[derive(Debug, Default, Clone)]
+pub struct SecureFlags {
+    /// `--port`.
+    pub port: Option<u16>,
+    /// `--tls-cert-file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `--tls-private-key-file`.
+    pub tls_private_key_file: Option<PathBuf>,
+    /// `--client-ca-file`.
+    pub client_ca_file: Option<PathBuf>,
+    /// `--anonymous-auth`.
+    pub anonymous_auth: Option<bool>,
+    /// `--authentication-token-webhook`.
+    pub token_webhook: Option<bool>,
+    /// `--authorization-mode`.
+    pub authorization_mode: Option<String>,
+}
+
+impl KubeletConfiguration {
+    /// The secured port's settings: the file's and the flags', upstream's
+    /// config-file defaults for the rest (never anonymous `AlwaysAllow`
+    /// unless asked for). Standalone (`api_server` false) nothing can ask
+    /// the API server: webhook authentication is off unless asked for (then
+    /// an error), `Webhook` authorization becomes `AlwaysAllow` for the
+    /// authenticated (client certificates), and with no way to authenticate
+    /// at all the port is not served (None).
+    ///
+    /// # Errors
+    /// A setting that cannot work, named.
+    pub fn secure_serving(
+        &self,
+        flags: &SecureFlags,
+        api_server: bool,
+    ) -> Result<Option<SecureServing>, String> {
+        let port = flags.port.or(self.port).unwrap_or(10250);
+        if port == 0 {
+            return Ok(None);
+        }
+        let ip: std::net::IpAddr = match self.address.as_deref() {
+            None | Some("") => std::net::IpAddr::from([0, 0, 0, 0]),
+            Some(a) => a
+                .parse()
+                .map_err(|_| format!("address: Invalid value {a:?}: must be an IP address"))?,
+        };
+        let ttl =
+            |v: Option<&String>, default: Duration, field: &str| -> Result<Duration, String> {
+                v.map(|s| parse_duration(s).map_err(|e| format!("{field}: {e}")))
+                    .transpose()
+                    .map(|d| d.unwrap_or(default))
+            };
+        let authn = &self.authentication;
+        let asked_webhook = flags.token_webhook.or(authn.webhook.enabled);
+        let token_webhook = match (asked_webhook, api_server) {
+            (Some(true), false) => {
+                return Err("authentication.webhook.enabled: the token webhook needs an API server (--kubeconfig)".into());
+            }
+            (Some(false), _) | (None, false) => None,
+            (Some(true) | None, true) => Some(ttl(
+                authn.webhook.cache_ttl.as_ref(),
+                Duration::from_secs(120),
+                "authentication.webhook.cacheTTL",
+            )?),
+        };
+        let client_ca_file = flags
+            .client_ca_file
+            .clone()
+            .or(authn.x509.client_ca_file.clone());
+        let anonymous = flags
+            .anonymous_auth
+            .or(authn.anonymous.enabled)
+            .unwrap_or(false);
+        let authz = &self.authorization;
+        let mode = flags.authorization_mode.clone().or(authz.mode.clone());
+        let authorization = match (mode.as_deref(), api_server) {
+            (Some("AlwaysAllow"), _) | (None, false) => Authorization::AlwaysAllow,
+            (Some("Webhook"), false) => {
+                return Err(
+                    "authorization.mode: Webhook needs an API server (--kubeconfig)".into(),
+                );
+            }
+            (Some("Webhook") | None, true) => Authorization::Webhook {
+                allow_ttl: ttl(
+                    authz.webhook.cache_authorized_ttl.as_ref(),
+                    Duration::from_secs(300),
+                    "authorization.webhook.cacheAuthorizedTTL",
+                )?,
+                deny_ttl: ttl(
+                    authz.webhook.cache_unauthorized_ttl.as_ref(),
+                    Duration::from_secs(30),
+                    "authorization.webhook.cacheUnauthorizedTTL",
+                )?,
+            },
+            (Some(""), _) => return Err("no authorization mode specified".into()),
+            (Some(other), _) => return Err(format!("unknown authorization mode {other}")),
+        };
+        if token_webhook.is_none() && client_ca_file.is_none() && !anonymous {
+            if api_server {
+                return Err("no authentication method configured".into());
+            }
+            return Ok(None);
+        }
+        Ok(Some(SecureServing {
+            address: SocketAddr::new(ip, port),
+            tls_cert_file: flags.tls_cert_file.clone().or(self.tls_cert_file.clone()),
+            tls_private_key_file: flags
+                .tls_private_key_file
+                .clone()
+                .or(self.tls_private_key_file.clone()),
+            client_ca_file,
+            anonymous,
+            token_webhook,
+            authorization,
+        }))
+    }
+}
 
 /// A taint of `--register-with-taints` that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -480,6 +745,29 @@ impl KubeletConfiguration {
                 ));
             }
         }
+        if let Some(q) = &cfg.container_log_max_size
+            && crate::quantity::parse(q).is_err()
+        {
+            return Err(invalid(format!(
+                "containerLogMaxSize: Invalid value {q:?}: must be a quantity"
+            )));
+        }
+        if let Some(n) = cfg.container_log_max_files
+            && n < 2
+        {
+            return Err(invalid(format!(
+                "invalid configuration: containerLogMaxFiles ({n}) must be 2 or greater"
+            )));
+        }
+        if let Some(v) = &cfg.container_log_monitor_interval {
+            let d = parse_duration(v)
+                .map_err(|e| invalid(format!("containerLogMonitorInterval: {e}")))?;
+            if d < Duration::from_secs(3) {
+                return Err(invalid(format!(
+                    "invalid configuration: containerLogMonitorInterval {v} must be a positive time duration greater than or equal to 3s"
+                )));
+            }
+        }
         check_pod_settings(&cfg.pod_settings()).map_err(invalid)?;
         Ok(cfg)
     }
@@ -503,6 +791,27 @@ impl KubeletConfiguration {
                 Some("") => None,
                 Some(p) => Some(PathBuf::from(p)),
             },
+            pod_logs_dir: Some(
+                self.pod_logs_dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("/var/log/pods")),
+            ),
+            container_log_links: Some(PathBuf::from("/var/log/containers")),
+            container_log_max_size: self
+                .container_log_max_size
+                .as_deref()
+                .and_then(|q| crate::quantity::parse(q).ok())
+                .and_then(|b| u64::try_from(b).ok())
+                .unwrap_or(d.container_log_max_size),
+            container_log_max_files: self
+                .container_log_max_files
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(d.container_log_max_files),
+            container_log_monitor_interval: self
+                .container_log_monitor_interval
+                .as_deref()
+                .and_then(|v| parse_duration(v).ok())
+                .unwrap_or(d.container_log_monitor_interval),
             seccomp_default: self.seccomp_default.unwrap_or(false),
             allowed_unsafe_sysctls: self.allowed_unsafe_sysctls.clone().unwrap_or_default(),
             parallel_image_pulls: if serialize {
@@ -574,30 +883,6 @@ const HARMLESS_FLAGS: &[(&str, bool, &str)] = &[
 /// Upstream kubelet flags that, ignored, would make evlet less safe or run
 /// pods differently than asked: refused, with the reason.
 const REFUSED_FLAGS: &[(&str, &str)] = &[
-    (
-        "anonymous-auth",
-        "the kubelet API's authentication is not implemented by evlet yet",
-    ),
-    (
-        "authentication-token-webhook",
-        "the kubelet API's authentication is not implemented by evlet yet",
-    ),
-    (
-        "authorization-mode",
-        "the kubelet API's authorization is not implemented by evlet yet",
-    ),
-    (
-        "client-ca-file",
-        "the kubelet API's client certificates are not implemented by evlet yet",
-    ),
-    (
-        "tls-cert-file",
-        "the kubelet API's TLS serving is not implemented by evlet yet",
-    ),
-    (
-        "tls-private-key-file",
-        "the kubelet API's TLS serving is not implemented by evlet yet",
-    ),
     (
         "cgroup-driver",
         "evlet speaks the cgroupfs driver only; the systemd driver is not implemented",
@@ -766,12 +1051,9 @@ mod tests {
         assert_eq!(kept, ["evlet", "--root-dir", "/r"]);
         assert_eq!(warnings.len(), 3);
         assert!(warnings[1].starts_with("flag --fail-swap-on is accepted and ignored"));
-        let err = compat_args(vec!["evlet".into(), "--authorization-mode=Webhook".into()])
+        let err = compat_args(vec!["evlet".into(), "--cgroup-driver=systemd".into()])
             .expect_err("refused");
-        assert!(
-            err.starts_with("flag --authorization-mode is refused"),
-            "{err}"
-        );
+        assert!(err.starts_with("flag --cgroup-driver is refused"), "{err}");
     }
 
     #[test]
@@ -820,6 +1102,65 @@ mod tests {
             "kind: KubeletConfiguration\nclusterDNS: [10.96.0.10]\nclusterDomain: cluster.local.\n";
         let cfg = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect("valid");
         assert_eq!(cfg.pod_settings().cluster_domain, "cluster.local");
+    }
+
+    #[test]
+    fn the_secured_port_defaults_as_upstreams_config_file_and_never_to_anonymous() {
+        let none = SecureFlags::default();
+        let cfg = KubeletConfiguration::default();
+        let api = cfg
+            .secure_serving(&none, true)
+            .expect("valid")
+            .expect("served");
+        assert_eq!(api.address, "0.0.0.0:10250".parse().expect("addr"));
+        assert!(!api.anonymous);
+        assert_eq!(api.token_webhook, Some(Duration::from_secs(120)));
+        assert_eq!(
+            api.authorization,
+            Authorization::Webhook {
+                allow_ttl: Duration::from_secs(300),
+                deny_ttl: Duration::from_secs(30)
+            }
+        );
+        assert_eq!(
+            cfg.secure_serving(&none, false),
+            Ok(None),
+            "standalone without a way to authenticate"
+        );
+        let text = "kind: KubeletConfiguration\naddress: 127.0.0.1\nport: 11250\nauthentication: {x509: {clientCAFile: /etc/ca.crt}}\n";
+        let cfg = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect("valid");
+        let standalone = cfg
+            .secure_serving(&none, false)
+            .expect("valid")
+            .expect("served");
+        assert_eq!(standalone.address, "127.0.0.1:11250".parse().expect("addr"));
+        assert_eq!(standalone.authorization, Authorization::AlwaysAllow);
+        assert_eq!(
+            standalone.client_ca_file.as_deref(),
+            Some(Path::new("/etc/ca.crt"))
+        );
+        let webhook = SecureFlags {
+            authorization_mode: Some("Webhook".into()),
+            ..SecureFlags::default()
+        };
+        assert!(
+            cfg.secure_serving(&webhook, false)
+                .expect_err("no API")
+                .contains("needs an API server")
+        );
+        let odd = SecureFlags {
+            authorization_mode: Some("RBAC".into()),
+            ..SecureFlags::default()
+        };
+        assert_eq!(
+            cfg.secure_serving(&odd, true),
+            Err("unknown authorization mode RBAC".into())
+        );
+        let off = SecureFlags {
+            port: Some(0),
+            ..SecureFlags::default()
+        };
+        assert_eq!(cfg.secure_serving(&off, true), Ok(None));
     }
 
     #[test]

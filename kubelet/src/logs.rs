@@ -117,9 +117,128 @@ pub fn last_text(path: &Path, lines: usize, max_bytes: usize) -> std::io::Result
     Ok(out)
 }
 
+/// How a log is read for a client (upstream's `LogOptions` of `ReadLogs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Records older than this are skipped.
+    pub since: Option<k8s_openapi::jiff::Timestamp>,
+    /// Prefix each line with its time (`RFC3339NanoFixed`).
+    pub timestamps: bool,
+}
+
+/// The bytes a client gets for one raw log line: the text, with its newline
+/// unless the record is partial, after the time with `timestamps`; None when
+/// the line is not a record or is older than `since`.
+pub fn render(line: &str, opts: &ReadOptions) -> Option<Vec<u8>> {
+    let record = parse(line).ok()?;
+    let time = if opts.since.is_some() || opts.timestamps {
+        record.time.parse::<k8s_openapi::jiff::Timestamp>().ok()
+    } else {
+        None
+    };
+    if let (Some(since), Some(t)) = (opts.since, time)
+        && t < since
+    {
+        return None;
+    }
+    let mut out = Vec::with_capacity(record.text.len() + 32);
+    if opts.timestamps {
+        match time {
+            Some(t) => out.extend_from_slice(
+                format!(
+                    "{}.{:09}Z ",
+                    t.strftime("%Y-%m-%dT%H:%M:%S"),
+                    t.subsec_nanosecond()
+                )
+                .as_bytes(),
+            ),
+            None => return None,
+        }
+    }
+    out.extend_from_slice(record.text.as_bytes());
+    if !record.partial {
+        out.push(b'\n');
+    }
+    Some(out)
+}
+
+/// Where the last `lines` lines of `file` start (upstream's
+/// `FindTailLineStartIndex`: an unterminated last line is not counted).
+///
+/// # Errors
+/// The IO error.
+pub fn tail_start(file: &mut std::fs::File, lines: u64) -> std::io::Result<u64> {
+    const BLOCK: u64 = 1024;
+    let size = file.metadata()?.len();
+    let mut pos = size;
+    let mut newlines = 0_u64;
+    let mut buf = vec![0_u8; BLOCK as usize];
+    while pos > 0 {
+        let start = pos.saturating_sub(BLOCK);
+        let len = usize::try_from(pos - start).unwrap_or(0);
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut buf[..len])?;
+        for i in (0..len).rev() {
+            if buf[i] == b'\n' {
+                newlines += 1;
+                if newlines > lines {
+                    return Ok(start + i as u64 + 1);
+                }
+            }
+        }
+        pos = start;
+    }
+    Ok(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_render_as_upstream_writes_them() {
+        let plain = ReadOptions::default();
+        assert_eq!(
+            render("2026-01-01T00:00:00.5Z stdout F hi", &plain).as_deref(),
+            Some(&b"hi\n"[..])
+        );
+        assert_eq!(
+            render("2026-01-01T00:00:00.5Z stderr P par", &plain).as_deref(),
+            Some(&b"par"[..])
+        );
+        assert_eq!(render("junk", &plain), None);
+        let stamped = ReadOptions {
+            timestamps: true,
+            since: Some("2026-01-01T00:00:00.2Z".parse().expect("time")),
+        };
+        assert_eq!(
+            render("2026-01-01T00:00:00.5Z stdout F hi", &stamped).as_deref(),
+            Some(&b"2026-01-01T00:00:00.500000000Z hi\n"[..])
+        );
+        assert_eq!(
+            render("2026-01-01T00:00:00.1Z stdout F old", &stamped),
+            None
+        );
+    }
+
+    #[test]
+    fn the_tail_starts_after_the_last_lines_and_ignores_an_unfinished_one() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("0.log");
+        let mut text = String::new();
+        for i in 0..500 {
+            text.push_str(&format!("2026-01-01T00:00:00Z stdout F line {i}\n"));
+        }
+        text.push_str("2026-01-01T00:00:00Z stdout F unfinished");
+        std::fs::write(&path, &text).expect("write");
+        let mut f = std::fs::File::open(&path).expect("open");
+        let at = tail_start(&mut f, 2).expect("tail");
+        assert!(
+            text[usize::try_from(at).expect("offset")..]
+                .starts_with("2026-01-01T00:00:00Z stdout F line 498\n")
+        );
+        assert_eq!(tail_start(&mut f, 10_000).expect("all"), 0);
+    }
 
     #[test]
     fn records_parse_with_their_stream_and_tag() {

@@ -68,6 +68,27 @@ struct Flags {
     /// The node's resolver file (overrides `resolvConf`; "" for none).
     #[arg(long)]
     resolv_conf: Option<PathBuf>,
+    /// The secured kubelet API's port (default 10250; 0 turns it off).
+    #[arg(long)]
+    port: Option<u16>,
+    /// The secured port's certificate (default: self-signed under `<root-dir>/pki`).
+    #[arg(long)]
+    tls_cert_file: Option<PathBuf>,
+    /// The secured port's private key.
+    #[arg(long)]
+    tls_private_key_file: Option<PathBuf>,
+    /// Client certificates signed by this CA authenticate as their CN.
+    #[arg(long)]
+    client_ca_file: Option<PathBuf>,
+    /// Let requests without credentials in as `system:anonymous` (default false).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    anonymous_auth: Option<bool>,
+    /// Check bearer tokens with the API server's TokenReview (API-server mode; default on there).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    authentication_token_webhook: Option<bool>,
+    /// `Webhook` (SubjectAccessReview; the default in API-server mode) or `AlwaysAllow`.
+    #[arg(long)]
+    authorization_mode: Option<String>,
     /// The file whose exclusive lock makes this the node's only agent
     /// (default `<root-dir>/evlet.lock`).
     #[arg(long)]
@@ -111,6 +132,21 @@ fn effective(flags: Flags) -> Result<Config> {
         pods.resolv_conf = (!path.as_os_str().is_empty()).then_some(path);
     }
     config::check_pod_settings(&pods).map_err(anyhow::Error::msg)?;
+    let secure = file
+        .secure_serving(
+            &config::SecureFlags {
+                port: flags.port,
+                tls_cert_file: flags.tls_cert_file.clone(),
+                tls_private_key_file: flags.tls_private_key_file.clone(),
+                client_ca_file: flags.client_ca_file.clone(),
+                anonymous_auth: flags.anonymous_auth,
+                token_webhook: flags.authentication_token_webhook,
+                authorization_mode: flags.authorization_mode.clone(),
+            },
+            flags.kubeconfig.is_some(),
+        )
+        .map_err(anyhow::Error::msg)
+        .context("the secured kubelet API")?;
     let node_labels = match &flags.node_labels {
         Some(s) => config::parse_node_labels(s).map_err(anyhow::Error::msg)?,
         None => Default::default(),
@@ -167,6 +203,7 @@ fn effective(flags: Flags) -> Result<Config> {
         },
         pods,
         node_labels,
+        secure,
     })
 }
 

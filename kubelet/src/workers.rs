@@ -242,6 +242,17 @@ impl PodWorkers {
         lock(&self.shared.views).values().cloned().collect()
     }
 
+    /// The view of the pod `namespace`/`name`.
+    pub fn find(&self, namespace: &str, name: &str) -> Option<PodView> {
+        lock(&self.shared.views)
+            .values()
+            .find(|v| {
+                v.pod.metadata.name.as_deref() == Some(name)
+                    && v.pod.metadata.namespace.as_deref().unwrap_or("default") == namespace
+            })
+            .cloned()
+    }
+
     /// The view of one pod.
     pub fn view(&self, uid: &PodUid) -> Option<PodView> {
         lock(&self.shared.views).get(uid).cloned()

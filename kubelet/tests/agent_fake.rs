@@ -54,6 +54,7 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
         max_pods: evlet::config::MAX_PODS,
         register_with_taints: Vec::new(),
         node_labels: Default::default(),
+        secure: None,
         sync_frequency: evlet::workers::RESYNC,
         pods: Default::default(),
     }

@@ -19,6 +19,10 @@ use support::{IMAGE, Running, World, e2e};
 async fn start(w: &World, api: &MockApi) -> Running {
     let mut config = w.config();
     config.api = Some(ApiClient(api.client()));
+    // A cluster has its DNS service (without one ClusterFirst pods get a
+    // MissingClusterDNS warning, as upstream).
+    config.pods.cluster_dns = vec!["10.96.0.10".into()];
+    config.pods.cluster_domain = "cluster.local".into();
     let agent = w.start_with(config).await;
     eventually(Duration::from_secs(20), "node registered", || async {
         api.get("nodes", "", &w.name)

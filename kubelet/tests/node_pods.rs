@@ -270,3 +270,57 @@ async fn an_active_deadline_ends_the_pod_and_a_duplicate_static_name_is_refused(
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_are_linked_for_shippers_rotated_compressed_and_bounded() {
+    e2e(
+        "logs_are_linked_for_shippers_rotated_compressed_and_bounded",
+        |w| async move {
+            let out = tempfile::tempdir().expect("out");
+            let links = tempfile::tempdir().expect("links");
+            let pod_logs = tempfile::tempdir().expect("pod logs");
+            // About 200 KiB a second of numbered lines.
+            w.write(
+                "chatty.yaml",
+                &manifest("chatty", out.path(), "", "i=0; while true; do i=$((i+1)); echo line $i $(head -c 2000 /dev/zero | tr \"\\\\0\" x); [ $((i % 100)) -eq 0 ] && sleep 1; done", ""),
+            );
+            let mut config = w.config();
+            config.pods.pod_logs_dir = Some(pod_logs.path().to_path_buf());
+            config.pods.container_log_links = Some(links.path().to_path_buf());
+            config.pods.container_log_max_size = 64 << 10;
+            config.pods.container_log_max_files = 3;
+            config.pods.container_log_monitor_interval = Duration::from_millis(500);
+            let agent = w.start_with(config).await;
+            let pod = w.pod_name("chatty");
+            let id = agent.running_id(&pod, "app").await;
+            let id = id.trim_start_matches("containerd://").to_owned();
+            let link = links.path().join(format!("{pod}_default_app-{id}.log"));
+            let target = std::fs::read_link(&link).expect("the shipper's link");
+            assert!(target.starts_with(pod_logs.path()), "{}", target.display());
+            assert!(target.ends_with("app/0.log"), "{}", target.display());
+            let dir = target.parent().expect("dir").to_path_buf();
+            let rotated = eventually(Duration::from_secs(60), "two rotations, one compressed", || async {
+                let names: Vec<String> = std::fs::read_dir(&dir)
+                    .ok()?
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect();
+                let gz = names.iter().filter(|n| n.ends_with(".gz")).count();
+                (gz >= 1 && names.len() == 3).then_some(names)
+            })
+            .await;
+            // Keep watching: the number of files stays bounded.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let count = std::fs::read_dir(&dir).expect("dir").count();
+            assert!(count <= 3, "at most containerLogMaxFiles files: {count} ({rotated:?})");
+            let current = std::fs::read_to_string(&target).expect("current log");
+            assert!(current.len() < 4 << 20, "the current file was reopened");
+            w.remove("chatty.yaml");
+            eventually(Duration::from_secs(30), "the link removed with the container", || async {
+                (!link.exists() && std::fs::symlink_metadata(&link).is_err()).then_some(())
+            })
+            .await;
+            agent.stop().await;
+        },
+    )
+    .await;
+}

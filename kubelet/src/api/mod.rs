@@ -25,6 +25,7 @@ pub mod node;
 pub mod objects;
 pub mod pods;
 pub mod ratelimit;
+pub mod reviews;
 pub mod services;
 pub mod status;
 pub mod tokens;

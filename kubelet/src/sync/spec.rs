@@ -33,6 +33,10 @@ pub struct NodeContext {
     pub seccomp_default: bool,
     /// Image pulls at once (`serializeImagePulls`: 1; 0 counts as 1).
     pub parallel_image_pulls: usize,
+    /// `podLogsDir` (None: `<root_dir>/logs/pods`).
+    pub pod_logs_dir: Option<PathBuf>,
+    /// Where the log links for log shippers go (upstream's `/var/log/containers`).
+    pub container_log_links: Option<PathBuf>,
 }
 
 /// The pod's cgroup (cgroupfs driver): `<pods>/pod<uid>` for Guaranteed,
@@ -49,7 +53,31 @@ pub fn pod_cgroup(node: &NodeContext, pod: &Pod) -> String {
 
 /// `<root>/logs/pods/<namespace>_<name>_<uid>`, upstream's `/var/log/pods` layout.
 pub fn log_dir(node: &NodeContext, pod: &Pod) -> PathBuf {
-    node.root_dir.join("logs/pods").join(format!(
+    log_dir_of(&pod_logs_dir(node), pod)
+}
+
+/// Where pods' log directories are.
+pub fn pod_logs_dir(node: &NodeContext) -> PathBuf {
+    node.pod_logs_dir
+        .clone()
+        .unwrap_or_else(|| node.root_dir.join("logs/pods"))
+}
+
+/// The link to a container's log for log shippers (upstream's
+/// `<pod>_<namespace>_<container>-<id>.log`).
+pub fn log_link(
+    dir: &std::path::Path,
+    pod: &str,
+    namespace: &str,
+    container: &str,
+    id: &str,
+) -> PathBuf {
+    dir.join(format!("{pod}_{namespace}_{container}-{id}.log"))
+}
+
+/// The pod's log directory under `pod_logs_dir`.
+pub fn log_dir_of(pod_logs_dir: &std::path::Path, pod: &Pod) -> PathBuf {
+    pod_logs_dir.join(format!(
         "{}_{}_{}",
         pod::namespace(pod),
         pod::name(pod),

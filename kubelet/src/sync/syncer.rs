@@ -510,15 +510,27 @@ impl Syncer {
             "Created",
             format!("Created container: {}", c.name),
         );
+        self.link_log(pod, &c.name, &id, restart_count);
         if let Err(e) = self.client.start_container(&id).await {
             // A created container that did not start keeps a `runc init` in
             // its cgroup: remove it now rather than leave it to the next sync
             // or GC (CRI's RemoveContainer also removes one that did start
             // after all, say after a timeout; the next sync starts it again).
-            if let Err(rm) = self.client.remove_container(&id).await
-                && !rm.is_not_found()
-            {
-                tracing::warn!(pod = %pod::key(pod), container = %c.name, id = %id.short(), error = %rm, "cannot remove a container that did not start");
+            match self.client.remove_container(&id).await {
+                Err(rm) if !rm.is_not_found() => {
+                    tracing::warn!(pod = %pod::key(pod), container = %c.name, id = %id.short(), error = %rm, "cannot remove a container that did not start");
+                }
+                _ => {
+                    if let Some(dir) = &self.node.container_log_links {
+                        let _ = std::fs::remove_file(spec::log_link(
+                            dir,
+                            pod::name(pod),
+                            pod::namespace(pod),
+                            &c.name,
+                            id.as_str(),
+                        ));
+                    }
+                }
             }
             if e.is_retryable() {
                 return Err(Start::Runtime(e));
@@ -822,6 +834,37 @@ impl Syncer {
             }
         }
         keyring.lookup(image)
+    }
+}
+
+impl Syncer {
+    /// Links the new container's log where log shippers look (upstream's
+    /// `/var/log/containers/<pod>_<namespace>_<container>-<id>.log`).
+    fn link_log(
+        &self,
+        pod: &Pod,
+        container: &str,
+        id: &evlet_cri::ContainerId,
+        restart_count: u32,
+    ) {
+        let Some(dir) = &self.node.container_log_links else {
+            return;
+        };
+        let link = spec::log_link(
+            dir,
+            pod::name(pod),
+            pod::namespace(pod),
+            container,
+            id.as_str(),
+        );
+        let target = spec::log_path(&self.node, pod, container, restart_count);
+        let made = std::fs::create_dir_all(dir).and_then(|()| {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&target, &link)
+        });
+        if let Err(e) = made {
+            tracing::warn!(link = %link.display(), error = %e, "cannot link the container's log");
+        }
     }
 }
 

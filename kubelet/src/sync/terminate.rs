@@ -222,6 +222,7 @@ impl Syncer {
             {
                 return Err(e.into());
             }
+            self.unlink_log(status, &c.name, &c.id);
         }
         for s in &status.sandboxes {
             self.client
@@ -273,7 +274,19 @@ impl Syncer {
     /// the newest instance of a container (its restart count) may live in it.
     pub async fn gc_pod(&self, status: &PodStatus) {
         for id in evictable(status) {
-            let _ = self.client.remove_container(id).await;
+            if self.client.remove_container(id).await.is_ok()
+                && let Some(c) = status.containers.iter().find(|c| &c.id == id)
+            {
+                self.unlink_log(status, &c.name, id);
+            }
+        }
+    }
+
+    /// Removes a removed container's log link.
+    fn unlink_log(&self, status: &PodStatus, container: &str, id: &evlet_cri::ContainerId) {
+        if let Some(dir) = &self.node.container_log_links {
+            let link = spec::log_link(dir, &status.name, &status.namespace, container, id.as_str());
+            let _ = std::fs::remove_file(link);
         }
     }
 }

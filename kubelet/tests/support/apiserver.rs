@@ -73,7 +73,19 @@ struct State {
     token_lifetime: i64,
     /// Tokens issued so far (numbers them).
     tokens: u64,
+    /// Added to every UID: this server's own range.
+    uid_base: u64,
+    /// Bearer tokens TokenReview accepts: token → (user, groups).
+    known_tokens: BTreeMap<String, (String, Vec<String>)>,
+    /// What SubjectAccessReview allows: (user or group, subresource or `*`).
+    allowed: Vec<(String, String)>,
 }
+
+/// The token the mock's kubelet client (the API server's side of
+/// `kubectl logs/exec/port-forward`) presents to kubelets.
+pub const KUBELET_CLIENT_TOKEN: &str = "apiserver-kubelet-client-token";
+/// The user that token belongs to (allowed everything on nodes).
+pub const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
 
 /// The mock API server.
 #[derive(Debug, Clone)]
@@ -263,6 +275,96 @@ fn parse_path(path: &str) -> Option<(String, String, String, String)> {
     Some((get(0), ns, get(1), get(2)))
 }
 
+/// The discovery documents clients such as kubectl read first (`/version`,
+/// `/api`, `/apis`, `/api/v1` with the resources the mock serves).
+fn discovery(path: &str) -> Option<Value> {
+    let resource = |name: &str, kind: &str, namespaced: bool, verbs: &[&str]| json!({"name": name, "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": verbs});
+    let all = [
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ];
+    Some(match path.trim_end_matches('/') {
+        "/version" => {
+            json!({"major": "1", "minor": "34", "gitVersion": "v1.34.0-mock", "platform": "linux/amd64"})
+        }
+        "/api" => json!({"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}),
+        "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+        "/api/v1" => json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            resource("pods", "Pod", true, &all),
+            resource("pods/log", "Pod", true, &["get"]),
+            resource("pods/exec", "PodExecOptions", true, &["create", "get"]),
+            resource("pods/attach", "PodAttachOptions", true, &["create", "get"]),
+            resource("pods/portforward", "PodPortForwardOptions", true, &["create", "get"]),
+            resource("pods/status", "Pod", true, &["get", "patch", "update"]),
+            resource("nodes", "Node", false, &all),
+            resource("nodes/proxy", "NodeProxyOptions", false, &["create", "delete", "get", "patch", "update"]),
+            resource("events", "Event", true, &all),
+            resource("configmaps", "ConfigMap", true, &all),
+            resource("secrets", "Secret", true, &all),
+            resource("services", "Service", true, &all),
+            resource("namespaces", "Namespace", false, &all),
+        ]}),
+        _ => return None,
+    })
+}
+
+/// A TLS client that accepts any server certificate (the API server's
+/// kubelet client without a kubelet CA).
+fn insecure_tls() -> Arc<rustls::ClientConfig> {
+    #[derive(Debug)]
+    struct AnyCert(Arc<rustls::crypto::CryptoProvider>);
+    impl rustls::client::danger::ServerCertVerifier for AnyCert {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &rustls::pki_types::CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &rustls::pki_types::CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
 fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
@@ -271,11 +373,22 @@ impl MockApi {
     pub fn new() -> Self {
         let (changes, _) = broadcast::channel(4096);
         let (outage, _) = watch::channel(false);
-        Self {
-            state: Arc::new(Mutex::new(State::default())),
+        static SERVERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let api = Self {
+            state: Arc::new(Mutex::new(State {
+                uid_base: SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 32,
+                ..State::default()
+            })),
             changes,
             outage,
-        }
+        };
+        api.add_token(
+            KUBELET_CLIENT_TOKEN,
+            KUBELET_CLIENT_USER,
+            &["system:masters"],
+        );
+        api.allow(KUBELET_CLIENT_USER, "*");
+        api
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -284,12 +397,285 @@ impl MockApi {
 
     fn router(&self) -> axum::Router {
         let api = self.clone();
-        axum::Router::new().fallback(
-            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-                let api = api.clone();
-                async move { api.handle(method, uri, headers, body).await }
-            },
-        )
+        axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let api = api.clone();
+            async move {
+                if let Some(target) = api.kubelet_target(req.uri()) {
+                    return api.proxy_to_kubelet(req, target).await;
+                }
+                let (parts, body) = req.into_parts();
+                let body = axum::body::to_bytes(body, 64 << 20)
+                    .await
+                    .unwrap_or_default();
+                api.handle(parts.method, parts.uri, parts.headers, body)
+                    .await
+            }
+        })
+    }
+
+    /// Makes TokenReview accept `token` as `user` in `groups`.
+    pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
+        self.lock().known_tokens.insert(
+            token.to_owned(),
+            (
+                user.to_owned(),
+                groups.iter().map(|g| (*g).to_owned()).collect(),
+            ),
+        );
+    }
+
+    /// Makes SubjectAccessReview allow `who` (a user or group) `subresource`
+    /// (`*`: all) of nodes.
+    pub fn allow(&self, who: &str, subresource: &str) {
+        self.lock()
+            .allowed
+            .push((who.to_owned(), subresource.to_owned()));
+    }
+
+    /// The kubelet path a pod or node proxy subresource goes to (as the API
+    /// server's `LogLocation`, `streamLocation`, `PortForwardLocation` and
+    /// node proxy build it), with the node it is on.
+    fn kubelet_target(&self, uri: &Uri) -> Option<(String, String)> {
+        let path = uri.path();
+        let query = uri.query().unwrap_or("");
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let q: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
+        let get = |k: &str| q.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        match segs.as_slice() {
+            ["api", "v1", "nodes", node, "proxy", rest @ ..] => {
+                let mut target = format!("/{}", rest.join("/"));
+                if !query.is_empty() {
+                    target.push('?');
+                    target.push_str(query);
+                }
+                Some(((*node).to_owned(), target))
+            }
+            [
+                "api",
+                "v1",
+                "namespaces",
+                ns,
+                "pods",
+                name,
+                sub @ ("log" | "exec" | "attach" | "portforward"),
+            ] => {
+                let pod = self.get("pods", ns, name)?;
+                let node = pod["spec"]["nodeName"].as_str()?.to_owned();
+                let container = get("container").or_else(|| {
+                    pod["spec"]["containers"][0]["name"]
+                        .as_str()
+                        .map(str::to_owned)
+                })?;
+                let mut out = form_urlencoded::Serializer::new(String::new());
+                let target = match *sub {
+                    "log" => {
+                        for k in [
+                            "follow",
+                            "previous",
+                            "timestamps",
+                            "sinceSeconds",
+                            "sinceTime",
+                            "tailLines",
+                            "limitBytes",
+                        ] {
+                            if let Some(v) = get(k) {
+                                out.append_pair(k, &v);
+                            }
+                        }
+                        format!("/containerLogs/{ns}/{name}/{container}")
+                    }
+                    "portforward" => {
+                        let ports: Vec<String> = q
+                            .iter()
+                            .filter(|(k, _)| k == "ports")
+                            .map(|(_, v)| v.clone())
+                            .collect();
+                        if !ports.is_empty() {
+                            out.append_pair("port", &ports.join(","));
+                        }
+                        format!("/portForward/{ns}/{name}")
+                    }
+                    _ => {
+                        for (api_name, kubelet_name) in [
+                            ("stdin", "input"),
+                            ("stdout", "output"),
+                            ("stderr", "error"),
+                            ("tty", "tty"),
+                        ] {
+                            if get(api_name).is_some_and(|v| v == "true" || v == "1") {
+                                out.append_pair(kubelet_name, "1");
+                            }
+                        }
+                        for (k, v) in &q {
+                            if k == "command" {
+                                out.append_pair("command", v);
+                            }
+                        }
+                        format!("/{sub}/{ns}/{name}/{container}")
+                    }
+                };
+                let query = out.finish();
+                Some((
+                    node,
+                    if query.is_empty() {
+                        target
+                    } else {
+                        format!("{target}?{query}")
+                    },
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// Forwards `req` to the kubelet of `node` over TLS (its certificate not
+    /// verified, as the API server without `--kubelet-certificate-authority`),
+    /// with the API server's own token, and relays the answer; an upgrade is
+    /// spliced both ways, as the API server's upgrade-aware proxy does.
+    async fn proxy_to_kubelet(
+        &self,
+        mut req: axum::extract::Request,
+        (node, target): (String, String),
+    ) -> Response {
+        let node_proxy = req.uri().path().starts_with("/api/v1/nodes/");
+        self.lock().requests.push(Recorded {
+            method: req.method().to_string(),
+            path: req.uri().path().to_owned(),
+            query: req.uri().query().unwrap_or("").to_owned(),
+            content_type: None,
+            authorization: None,
+            body: None,
+            at: tokio::time::Instant::now(),
+        });
+        let Some(n) = self.get("nodes", "", &node) else {
+            return status(404, "NotFound", &format!("nodes \"{node}\" not found"));
+        };
+        let port = n["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+            .as_u64()
+            .unwrap_or(10250);
+        let ip = n["status"]["addresses"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP"))
+            .and_then(|x| x["address"].as_str())
+            .unwrap_or("127.0.0.1")
+            .to_owned();
+        let tcp = match tokio::net::TcpStream::connect((
+            ip.as_str(),
+            u16::try_from(port).unwrap_or(10250),
+        ))
+        .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                return status(
+                    503,
+                    "ServiceUnavailable",
+                    &format!("error dialing backend: {e}"),
+                );
+            }
+        };
+        let tls = tokio_rustls::TlsConnector::from(insecure_tls());
+        let server_name =
+            rustls::pki_types::ServerName::try_from(ip.clone()).unwrap_or_else(|_| {
+                rustls::pki_types::ServerName::try_from("localhost").expect("name")
+            });
+        let stream = match tls.connect(server_name, tcp).await {
+            Ok(s) => s,
+            Err(e) => {
+                return status(
+                    503,
+                    "ServiceUnavailable",
+                    &format!("error dialing backend: {e}"),
+                );
+            }
+        };
+        let (mut sender, conn) =
+            match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
+            {
+                Ok(x) => x,
+                Err(e) => {
+                    return status(
+                        503,
+                        "ServiceUnavailable",
+                        &format!("error dialing backend: {e}"),
+                    );
+                }
+            };
+        tokio::spawn(async move {
+            let _ = conn.with_upgrades().await;
+        });
+        let client_upgrade = hyper::upgrade::on(&mut req);
+        let mut builder = hyper::Request::builder()
+            .method(req.method().clone())
+            .uri(target);
+        for (k, v) in req.headers() {
+            if k != http::header::AUTHORIZATION
+                && k != http::header::HOST
+                && k != http::header::CONTENT_LENGTH
+            {
+                builder = builder.header(k, v);
+            }
+        }
+        let backend_req = builder
+            .header(http::header::HOST, format!("{ip}:{port}"))
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {KUBELET_CLIENT_TOKEN}"),
+            )
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request");
+        let mut resp = match sender.send_request(backend_req).await {
+            Ok(r) => r,
+            Err(e) => return status(503, "ServiceUnavailable", &format!("error proxying: {e}")),
+        };
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let backend_upgrade = hyper::upgrade::on(&mut resp);
+            tokio::spawn(async move {
+                if let (Ok(c), Ok(b)) = tokio::join!(client_upgrade, backend_upgrade) {
+                    let (mut c, mut b) = (
+                        hyper_util::rt::TokioIo::new(c),
+                        hyper_util::rt::TokioIo::new(b),
+                    );
+                    let _ = tokio::io::copy_bidirectional(&mut c, &mut b).await;
+                }
+            });
+            let (parts, _) = resp.into_parts();
+            return Response::from_parts(parts, Body::empty());
+        }
+        let (parts, body) = resp.into_parts();
+        if parts.status.is_success() || node_proxy {
+            return Response::from_parts(parts, Body::new(body));
+        }
+        // The API server's GenericHttpResponseChecker: a kubelet error becomes
+        // a Status (a 400's or 500's text is its message; a 404 is generic).
+        let text = http_body_util::BodyExt::collect(body)
+            .await
+            .map(|b| {
+                String::from_utf8_lossy(&b.to_bytes())
+                    .chars()
+                    .take(50_000)
+                    .collect::<String>()
+            })
+            .unwrap_or_default();
+        let code = parts.status.as_u16();
+        let (reason, message) = match code {
+            400 => ("BadRequest", text.clone()),
+            404 => (
+                "NotFound",
+                "the server could not find the requested resource".to_owned(),
+            ),
+            _ => (
+                "InternalError",
+                format!(
+                    "an error on the server ({text}) has prevented the request from succeeding"
+                ),
+            ),
+        };
+        let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+            "reason": reason, "code": code, "details": {"causes": [{"reason": "UnexpectedServerResponse", "message": text}]}});
+        (parts.status, axum::Json(body)).into_response()
     }
 
     /// Serves the API over HTTP on a loopback port (for kubeconfig clients).
@@ -425,7 +811,14 @@ impl MockApi {
         if !ns.is_empty() {
             obj["metadata"]["namespace"] = json!(ns);
         }
-        obj["metadata"]["uid"] = json!(format!("{:08x}-mock-{}", st.uids, coll));
+        // Unique across mock servers and test runs, as real UIDs are: a pod
+        // left in the runtime by an earlier run never shares a new pod's UID.
+        obj["metadata"]["uid"] = json!(format!(
+            "{:08x}-{:08x}-mock-{}",
+            std::process::id(),
+            st.uids + st.uid_base,
+            coll
+        ));
         obj["metadata"]["creationTimestamp"] = json!(now_rfc3339());
         self.store(st, coll, (ns.to_owned(), name), obj, "ADDED")
     }
@@ -552,9 +945,51 @@ impl MockApi {
             };
             return status(code, reason, "injected fault");
         }
+        if method == Method::GET
+            && let Some(doc) = discovery(&path)
+        {
+            return axum::Json(doc).into_response();
+        }
         let Some((coll, ns, name, sub)) = parse_path(&path) else {
             return status(404, "NotFound", &format!("no route {path}"));
         };
+        if method == Method::POST && coll == "tokenreviews" {
+            let token = body_json
+                .as_ref()
+                .and_then(|b| b["spec"]["token"].as_str())
+                .unwrap_or("");
+            let status = match st.known_tokens.get(token) {
+                Some((user, groups)) => {
+                    json!({"authenticated": true, "user": {"username": user, "uid": format!("uid-{user}"), "groups": groups}})
+                }
+                None => json!({"authenticated": false}),
+            };
+            let mut review = body_json.clone().unwrap_or_else(|| json!({}));
+            review["status"] = status;
+            return (StatusCode::CREATED, axum::Json(review)).into_response();
+        }
+        if method == Method::POST && coll == "subjectaccessreviews" {
+            let spec = body_json
+                .as_ref()
+                .map(|b| b["spec"].clone())
+                .unwrap_or_default();
+            let user = spec["user"].as_str().unwrap_or("");
+            let groups: Vec<&str> = spec["groups"]
+                .as_array()
+                .map(|g| g.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let sub = spec["resourceAttributes"]["subresource"]
+                .as_str()
+                .unwrap_or("");
+            let on_nodes = spec["resourceAttributes"]["resource"] == "nodes";
+            let allowed = on_nodes
+                && st.allowed.iter().any(|(who, s)| {
+                    (who == user || groups.contains(&who.as_str())) && (s == "*" || s == sub)
+                });
+            let mut review = body_json.clone().unwrap_or_else(|| json!({}));
+            review["status"] = json!({"allowed": allowed});
+            return (StatusCode::CREATED, axum::Json(review)).into_response();
+        }
         let q = query_map(&query);
         let key = (ns.clone(), name.clone());
         let existing = st.objects.get(&coll).and_then(|m| m.get(&key)).cloned();

@@ -66,6 +66,7 @@ impl World {
             max_pods: evlet::config::MAX_PODS,
             register_with_taints: Vec::new(),
             node_labels: Default::default(),
+            secure: None,
             sync_frequency: evlet::workers::RESYNC,
             pods: Default::default(),
         }

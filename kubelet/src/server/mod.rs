@@ -1,6 +1,17 @@
-//! The local HTTP endpoint: `/healthz`, `/pods` (a `v1.PodList` with statuses),
-//! `/metrics` (Prometheus text; the prober's on `/metrics/probes`), `/events` (pod events, e.g. OOM kills with the
-//! kernel's record), `/debug/oom` (the kernel's OOM records).
+//! The kubelet API. The read-only port (plain HTTP, no authentication, as
+//! upstream's `readOnlyPort`): `/healthz`, `/pods` (a `v1.PodList` with
+//! statuses), `/metrics` (Prometheus text; the prober's on `/metrics/probes`),
+//! `/events` (pod events, e.g. OOM kills with the kernel's record),
+//! `/debug/oom` (the kernel's OOM records); the operator endpoints answer
+//! there that debug endpoints are disabled. The secured port (`secure`: TLS,
+//! `auth`) serves all of that and container logs (`logs`), exec, attach and
+//! port-forward (`streaming`).
+
+pub mod auth;
+pub mod logs;
+pub mod secure;
+pub mod streaming;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,6 +47,14 @@ pub struct Served {
     pub diagnostics: Arc<crate::diagnostics::Diagnostics>,
     /// Extra health checks (the runtime), by name.
     pub checks: Arc<Checks>,
+    /// The runtime (logs, exec, attach, port-forward).
+    pub runtime: evlet_cri::RuntimeClient,
+    /// The pod cache (a pod's sandbox for port-forward).
+    pub cache: crate::cache::PodCache,
+    /// The effective configuration, as `/configz` shows it.
+    pub configz: serde_json::Value,
+    /// Resource usage (`/stats/summary`, `/metrics/resource`).
+    pub stats: crate::stats::StatsProvider,
 }
 
 impl Served {
@@ -113,11 +132,7 @@ async fn pod(
     State(s): State<Arc<Served>>,
     axum::extract::Path((namespace, name)): axum::extract::Path<(String, String)>,
 ) -> Response {
-    let found = s.workers.views().into_iter().find(|v| {
-        v.pod.metadata.name.as_deref() == Some(name.as_str())
-            && v.pod.metadata.namespace.as_deref().unwrap_or("default") == namespace
-    });
-    match found {
+    match s.workers.find(&namespace, &name) {
         Some(v) => {
             let mut pod = Arc::unwrap_or_clone(v.pod);
             pod.status = Some(v.status);
@@ -156,7 +171,76 @@ async fn probe_metrics(State(s): State<Arc<Served>>) -> Response {
         .into_response()
 }
 
-/// The router (exposed for tests).
+/// `/stats/summary` (GET or POST; `?only_cpu_and_memory=true` for just those).
+async fn stats_summary(
+    State(s): State<Arc<Served>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let only = query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .any(|kv| kv == "only_cpu_and_memory=true");
+    let views = s.workers.views();
+    match s.stats.summary(&views, only).await {
+        Ok(summary) => axum::Json(summary).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Internal Error: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+/// `/metrics/resource`: what metrics-server scrapes.
+async fn resource_metrics(State(s): State<Arc<Served>>) -> Response {
+    let views = s.workers.views();
+    match s.stats.summary(&views, true).await {
+        Ok(summary) => (
+            [("content-type", "text/plain; version=0.0.4")],
+            crate::stats::resource_metrics(&summary),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Internal Error: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+/// What the read-only port answers where the secured port has operator
+/// endpoints (upstream's wording).
+async fn debugging_disabled() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Debug endpoints are disabled.\n",
+    )
+        .into_response()
+}
+
+/// The read-only port's router: the routes both ports serve, and the
+/// operator paths refused.
+pub fn read_only_router(served: Arc<Served>) -> Router {
+    let mut r = router(served);
+    for prefix in [
+        "run",
+        "exec",
+        "attach",
+        "portForward",
+        "containerLogs",
+        "runningpods",
+        "logs",
+    ] {
+        r = r.route(
+            &format!("/{prefix}/{{*rest}}"),
+            axum::routing::any(debugging_disabled),
+        );
+    }
+    r
+}
+
+/// The routes both ports serve.
 pub fn router(served: Arc<Served>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
@@ -164,6 +248,8 @@ pub fn router(served: Arc<Served>) -> Router {
         .route("/pods/{namespace}/{name}", get(pod))
         .route("/metrics", get(metrics))
         .route("/metrics/probes", get(probe_metrics))
+        .route("/metrics/resource", get(resource_metrics))
+        .route("/stats/summary", get(stats_summary).post(stats_summary))
         .route("/events", get(events))
         .route("/debug/oom", get(ooms))
         .with_state(served)
@@ -183,7 +269,7 @@ pub async fn serve(
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
     tracing::info!(%address, "serving /healthz, /pods, /metrics");
     Ok(tokio::spawn(async move {
-        let result = axum::serve(listener, router(served))
+        let result = axum::serve(listener, read_only_router(served))
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
         if let Err(e) = result {
