@@ -181,6 +181,8 @@ pub struct AgentSpec {
     pub address: String,
     /// Where evlet's JSON log goes.
     pub log: PathBuf,
+    /// More arguments (`--config`, `--port`, ...).
+    pub extra: Vec<String>,
 }
 
 /// evlet as a child process, its CPU accounted in a cgroup of its own.
@@ -220,6 +222,7 @@ impl Agent {
                 "--log-format",
                 "json",
             ])
+            .args(&spec.extra)
             .env("RUST_LOG", "info,evlet::pleg::event=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

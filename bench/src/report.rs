@@ -256,6 +256,28 @@ pub fn markdown(results: &Results) -> String {
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
+/// Registers DejaVu Sans as the charts' `sans-serif` (once per process).
+///
+/// # Errors
+/// If the font file is missing or unusable.
+pub fn register_font() -> Result<()> {
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if DONE.get().is_some() {
+        return Ok(());
+    }
+    let font = std::fs::read(FONT).with_context(|| {
+        format!("reading {FONT} (Debian fonts-dejavu-core; run `cargo xtask setup`)")
+    })?;
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| anyhow::anyhow!("{FONT} is not a usable font"))?;
+    let _ = DONE.set(());
+    Ok(())
+}
+
 fn colour(mode: &str) -> RGBColor {
     match mode {
         "ebpf" => RGBColor(0x1b, 0x9e, 0x77),
@@ -270,15 +292,7 @@ fn colour(mode: &str) -> RGBColor {
 /// # Errors
 /// If the font is missing or the PNG cannot be written.
 pub fn chart(results: &Results, path: &Path) -> Result<()> {
-    let font = std::fs::read(FONT).with_context(|| {
-        format!("reading {FONT} (Debian fonts-dejavu-core; run `cargo xtask setup`)")
-    })?;
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(font.into_boxed_slice()),
-    )
-    .map_err(|_| anyhow::anyhow!("{FONT} is not a usable font"))?;
+    register_font()?;
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(700);

@@ -28,7 +28,8 @@ pub struct Options {
     /// harness (CI), numbers are not for comparison.
     #[arg(long)]
     quick: bool,
-    /// What to measure: `pleg` (the PLEG modes), `probes` (probe cost), or `all`.
+    /// What to measure: `pleg` (the PLEG modes), `probes` (probe cost),
+    /// `streams` (logs -f and exec through the kubelet API), or `all`.
     #[arg(long, value_enum, default_value = "pleg")]
     suite: Suite,
 }
@@ -40,7 +41,9 @@ pub enum Suite {
     Pleg,
     /// What liveness and readiness probes cost at 100 and 500 pods.
     Probes,
-    /// Both.
+    /// `logs -f` throughput and exec round trips through the kubelet API.
+    Streams,
+    /// All of them.
     All,
 }
 
@@ -86,6 +89,7 @@ pub fn bench(options: &Options) -> Result<()> {
     }
     let pleg = matches!(options.suite, Suite::Pleg | Suite::All);
     let probe_cost = matches!(options.suite, Suite::Probes | Suite::All);
+    let streams = matches!(options.suite, Suite::Streams | Suite::All);
     if pleg {
         let mut probes = vec!["run", "--locked", "-q", "-p", "evlet-bench"];
         if !options.quick {
@@ -149,6 +153,14 @@ pub fn bench(options: &Options) -> Result<()> {
                 "cargo xtask bench --suite probes".to_owned()
             };
             harness("probe_cost", vec!["--command".into(), command])?;
+        }
+        if streams {
+            let command = if options.quick {
+                "cargo xtask bench --suite streams --quick".to_owned()
+            } else {
+                "cargo xtask bench --suite streams".to_owned()
+            };
+            harness("stream_cost", vec!["--command".into(), command])?;
         }
         Ok(())
     });

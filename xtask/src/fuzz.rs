@@ -32,6 +32,10 @@ pub const TARGETS: &[(&str, &str)] = &[
         "cri_log",
         "CRI log records and tails of log files (logs, termination messages)",
     ),
+    (
+        "api_query",
+        "the kubelet API's query strings (container logs, exec, port-forward) and paths",
+    ),
 ];
 
 /// The cargo-fuzz release installed into the tools dir.

@@ -692,3 +692,61 @@ fn kill_cgroup_tree(root: &str) {
         sleep(Duration::from_millis(50));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process left in the node's cgroups (a `runc init` whose shim is gone)
+    /// is killed and the tree removed; here a forking shell in a nested cgroup.
+    #[test]
+    fn down_kills_what_is_left_in_the_cgroups_and_removes_them() {
+        if !evlet_testkit::require_root("down_kills_what_is_left_in_the_cgroups_and_removes_them") {
+            return;
+        }
+        let root = format!("/evlet-xtask-test-{}", std::process::id());
+        let mut child = Command::new("sh")
+            .args(["-c", "while true; do sleep 60 & wait; done"])
+            .spawn()
+            .expect("sh");
+        let pid = child.id();
+        let mut joined = 0;
+        for top in [
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup/freezer",
+            "/sys/fs/cgroup/memory",
+            "/sys/fs/cgroup",
+        ] {
+            let base = Path::new(top);
+            if !base.join("cgroup.procs").exists() {
+                continue;
+            }
+            let dir = base.join(root.trim_start_matches('/')).join("pod/ctr");
+            if fs::create_dir_all(&dir).is_ok()
+                && fs::write(dir.join("cgroup.procs"), pid.to_string()).is_ok()
+            {
+                joined += 1;
+            }
+        }
+        assert!(joined > 0, "the shell joined the test's cgroups");
+        std::thread::sleep(Duration::from_millis(200));
+        remove_cgroup_tree(&root);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the shell in the node's cgroups outlived `down`");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(!status.success(), "the shell was killed: {status}");
+        assert_eq!(
+            cgroup_dirs(&root),
+            Vec::<PathBuf>::new(),
+            "the tree is gone"
+        );
+    }
+}

@@ -511,6 +511,7 @@ async fn one(
         cgroup_root: ctx.node.cgroup_root.clone(),
         address: ADDRESS.into(),
         log: log.clone(),
+        extra: Vec::new(),
     };
     let mut run = Run {
         mode: mode.to_owned(),

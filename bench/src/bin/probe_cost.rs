@@ -222,6 +222,7 @@ async fn one(args: &Args, node: &Node, s: Scenario, pods: usize) -> Result<Run> 
         cgroup_root: node.cgroup_root.clone(),
         address: "127.0.0.1:10257".into(),
         log: log.clone(),
+        extra: Vec::new(),
     })
     .await?;
     let measured = async {
@@ -363,6 +364,7 @@ fn markdown(r: &Results) -> String {
 
 fn chart(r: &Results, path: &Path) -> Result<()> {
     use plotters::prelude::*;
+    evlet_bench::report::register_font()?;
     let root = BitMapBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let labels: Vec<String> = r
