@@ -10,15 +10,19 @@
 //! * **exec round trip**: `exec -- true` over WebSocket (`v4.channel.k8s.io`,
 //!   what the runtime's streaming server speaks) from the request to the exit
 //!   status, through evlet (TLS, authentication, CRI `Exec`, the proxy), and
-//!   straight to the runtime's streaming server (CRI `Exec`, then its URL).
+//!   straight to the runtime's streaming server (CRI `Exec`, then its URL);
+//! * **pod start with volumes**: manifest written → container started, one
+//!   pod at a time, without volumes and with five (emptyDir on disk and in
+//!   memory, hostPath, downwardAPI, projected), so the volume manager's share
+//!   of a start shows.
 //!
 //! Output: `<out>/stream-cost-<timestamp>.{json,md,png}` (and
 //! `latest-stream-cost.*` for full runs). Run it through xtask, which brings
 //! up the containerd 1.7 node:
 //!
 //! ```sh
-//! cargo xtask bench --suite streams            # 30 s window, 200 execs
-//! cargo xtask bench --suite streams --quick    # 5 s, 20 execs
+//! cargo xtask bench --suite streams            # 30 s window, 200 execs, 20 starts each
+//! cargo xtask bench --suite streams --quick    # 5 s, 20 execs, 3 starts each
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -65,6 +69,8 @@ struct Latency {
 #[derive(Debug, Serialize)]
 struct Results {
     started: String,
+    /// `release` or `debug`: the profile of the evlet binary measured.
+    build: String,
     command: String,
     quick: bool,
     kernel: String,
@@ -75,6 +81,11 @@ struct Results {
     logs_text_share: f64,
     exec_via_evlet: Latency,
     exec_direct: Latency,
+    /// Manifest written → container started (CRI `startedAt`), no volumes.
+    start_no_volumes: Latency,
+    /// The same with five volumes (emptyDir on disk and in memory, hostPath,
+    /// downwardAPI, projected downwardAPI).
+    start_five_volumes: Latency,
 }
 
 struct Node {
@@ -259,6 +270,61 @@ async fn pods_running(agent: &Agent, names: &[String]) -> Result<serde_json::Val
     }
 }
 
+/// Starts `count` pods one after another, each with `volumes` (YAML, may be
+/// empty) mounted, and times manifest written → container started, the
+/// runtime's own `startedAt` (nanoseconds; the API's timestamps have only
+/// seconds) of the container `/pods` names once it shows it running.
+#[allow(clippy::too_many_arguments)]
+async fn start_latency(
+    agent: &Agent,
+    cri: &evlet_cri::RuntimeClient,
+    manifests: &Path,
+    image: &str,
+    kind: &str,
+    volumes: &str,
+    mounts: &str,
+    count: usize,
+) -> Result<Latency> {
+    let mut samples = Vec::new();
+    for i in 0..count {
+        let name = format!("{kind}{i}");
+        let yaml = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: bench}}}}\nspec:\n  terminationGracePeriodSeconds: 1\n{volumes}  containers:\n  - name: main\n    image: {image}\n    command: [sleep, '86400']\n{mounts}"
+        );
+        let written = jiff::Timestamp::now();
+        write_manifest(manifests, &format!("{name}.yaml"), &yaml)?;
+        let full = format!("{name}-{NODE}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let id = loop {
+            let list = agent.http.json("/pods").await?.context("/pods")?;
+            let id = list["items"].as_array().and_then(|items| {
+                let status = &items.iter().find(|p| p["metadata"]["name"] == full.as_str())?["status"]
+                    ["containerStatuses"][0];
+                status["state"]["running"].as_object()?;
+                status["containerID"]
+                    .as_str()
+                    .map(|s| s.trim_start_matches("containerd://").to_owned())
+            });
+            if let Some(id) = id {
+                break id;
+            }
+            if Instant::now() > deadline {
+                bail!("{full} did not start within a minute");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let started_ns = cri
+            .container_status(&evlet_cri::ContainerId::new(&id))
+            .await?
+            .started_at;
+        let took = i128::from(started_ns) - written.as_nanosecond();
+        let took = u64::try_from(took)
+            .with_context(|| format!("{full} started before its manifest was written"))?;
+        samples.push(Duration::from_nanos(took));
+    }
+    Ok(percentiles(samples))
+}
+
 async fn measure(
     args: &Args,
     node: &Node,
@@ -351,8 +417,38 @@ async fn measure(
         exec_once(tcp, &url.replacen("http://", "ws://", 1)).await?;
         direct.push(t.elapsed());
     }
+    let count = if args.quick { 3 } else { 20 };
+    let manifests = args.work.join("stream-manifests");
+    let host = args.work.join("stream-host");
+    std::fs::create_dir_all(&host)?;
+    let start_no_volumes =
+        start_latency(agent, &cri, &manifests, &node.image, "plain", "", "", count).await?;
+    let volumes = format!(
+        "  volumes:\n  - {{name: disk, emptyDir: {{}}}}\n  - {{name: mem, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}\n  - {{name: host, hostPath: {{path: {}, type: Directory}}}}\n  - {{name: info, downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}}}\n  - {{name: proj, projected: {{sources: [{{downwardAPI: {{items: [{{path: name, fieldRef: {{fieldPath: metadata.name}}}}]}}}}]}}}}\n",
+        host.display()
+    );
+    let mounts = "    volumeMounts: [{name: disk, mountPath: /disk}, {name: mem, mountPath: /mem}, {name: host, mountPath: /host}, {name: info, mountPath: /info}, {name: proj, mountPath: /proj}]\n";
+    let start_five_volumes = start_latency(
+        agent,
+        &cri,
+        &manifests,
+        &node.image,
+        "vols",
+        &volumes,
+        mounts,
+        count,
+    )
+    .await?;
     Ok(Results {
+        start_no_volumes,
+        start_five_volumes,
         started: String::new(),
+        build: if args.evlet.components().any(|c| c.as_os_str() == "release") {
+            "release"
+        } else {
+            "debug"
+        }
+        .to_owned(),
         command: args.command.clone(),
         quick: args.quick,
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -371,15 +467,17 @@ async fn measure(
 
 fn markdown(r: &Results) -> String {
     format!(
-        "Run {} on {} CPUs, kernel {}, containerd 1.7, evlet release build, standalone with client certificates.\nCommand: `{}`\n\n\
+        "Run {} on {} CPUs, kernel {}, containerd 1.7, evlet {} build, standalone with client certificates.\nCommand: `{}`\n\n\
          | stream | through evlet | runtime alone |\n|---|---:|---:|\n\
          | `logs -f` of a container writing 100-byte lines flat out (MB/s of text) | {:.1} | {:.1} written ({:.1} MB/s of records) |\n\
          | `exec -- true` round trip p50 (ms) | {:.2} | {:.2} |\n\
          | `exec -- true` round trip p99 (ms) | {:.2} | {:.2} |\n\n\
+         Pod start (manifest written → container started, p50 / p99 ms, {} pods each, one at a time): no volumes {:.0} / {:.0}; five volumes (emptyDir, emptyDir in memory, hostPath, downwardAPI, projected) {:.0} / {:.0}.\n\n\
          Window {:.0} s; {} execs each way. \"Runtime alone\" for exec is CRI `Exec` and its streaming URL dialled directly; for logs it is what the runtime wrote to the file meanwhile (the most any reader could follow).\n",
         r.started,
         r.cpus,
         r.kernel,
+        r.build,
         r.command,
         r.logs_follow_mb_s,
         r.runtime_wrote_mb_s * r.logs_text_share,
@@ -388,6 +486,11 @@ fn markdown(r: &Results) -> String {
         r.exec_direct.p50_ms,
         r.exec_via_evlet.p99_ms,
         r.exec_direct.p99_ms,
+        r.start_no_volumes.samples,
+        r.start_no_volumes.p50_ms,
+        r.start_no_volumes.p99_ms,
+        r.start_five_volumes.p50_ms,
+        r.start_five_volumes.p99_ms,
         r.window_s,
         r.exec_via_evlet.samples,
     )
@@ -491,8 +594,8 @@ async fn main() -> Result<()> {
     .await?;
     let started = jiff::Timestamp::now();
     let measured = measure(&args, &node, &agent, &certs, port).await;
-    for f in ["writer.yaml", "idle.yaml"] {
-        let _ = std::fs::remove_file(manifests.join(f));
+    for e in std::fs::read_dir(&manifests)?.flatten() {
+        let _ = std::fs::remove_file(e.path());
     }
     let gone = Instant::now() + Duration::from_secs(60);
     while Instant::now() < gone {
