@@ -6,6 +6,7 @@
 //! removed so that at most `containerLogMaxFiles` files (the current one
 //! included) stay. `kubectl logs` reads the current file only, as upstream.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -151,6 +152,10 @@ pub async fn rotate_if_needed(
 }
 
 /// Checks the running containers' logs every `interval` until `shutdown`.
+///
+/// Upstream asks for every running container's status on each check; a
+/// container's log path never changes, so it is asked once per container and
+/// each check costs one `ListContainers` and a `stat` per log.
 pub async fn run(
     runtime: RuntimeClient,
     policy: Policy,
@@ -159,6 +164,7 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut paths: HashMap<String, PathBuf> = HashMap::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -174,21 +180,32 @@ pub async fn run(
                 continue;
             }
         };
+        let ids: HashSet<&str> = running.iter().map(|c| c.id.as_str()).collect();
+        paths.retain(|id, _| ids.contains(id.as_str()));
+        drop(ids);
         for c in running {
             let id = ContainerId::new(&c.id);
-            let Ok(status) = runtime.container_status(&id).await else {
-                continue;
+            let log = match paths.get(&c.id) {
+                Some(log) => log.clone(),
+                None => {
+                    let Ok(status) = runtime.container_status(&id).await else {
+                        continue;
+                    };
+                    let log = PathBuf::from(status.log_path);
+                    paths.insert(c.id.clone(), log.clone());
+                    log
+                }
             };
-            if status.log_path.is_empty() {
+            if log.as_os_str().is_empty() {
                 continue;
             }
-            match rotate_if_needed(&runtime, &id, Path::new(&status.log_path), policy).await {
+            match rotate_if_needed(&runtime, &id, &log, policy).await {
                 Ok(true) => {
-                    tracing::debug!(container = %id.short(), log = %status.log_path, "rotated the container's log")
+                    tracing::debug!(container = %id.short(), log = %log.display(), "rotated the container's log")
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::warn!(container = %id.short(), log = %status.log_path, error = %e, "log rotation failed")
+                    tracing::warn!(container = %id.short(), log = %log.display(), error = %e, "log rotation failed")
                 }
             }
         }
