@@ -9,11 +9,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use futures_util::future::BoxFuture;
 use sha2::{Digest as _, Sha256};
+use tokio::time::Instant;
 
 use crate::lock::lock;
 
@@ -365,11 +366,13 @@ mod tests {
         assert_eq!(verb("HEAD"), "");
     }
 
-    /// Tokens `good` (user alice) and `bad`; alice may use `proxy` only.
+    /// Tokens `good` (user alice, until `expired`) and `bad`; alice may use
+    /// `proxy` only.
     #[derive(Debug, Default)]
     struct Api {
         token_reviews: AtomicU32,
         access_reviews: AtomicU32,
+        expired: std::sync::atomic::AtomicBool,
     }
 
     impl Reviews for Api {
@@ -378,7 +381,8 @@ mod tests {
             token: &'a str,
         ) -> BoxFuture<'a, Result<Option<User>, String>> {
             self.token_reviews.fetch_add(1, Ordering::SeqCst);
-            let user = (token == "good").then(|| User {
+            let valid = token == "good" && !self.expired.load(Ordering::SeqCst);
+            let user = valid.then(|| User {
                 name: "alice".into(),
                 groups: vec!["devs".into()],
                 ..User::default()
@@ -456,6 +460,27 @@ mod tests {
             a.check(None, &HeaderMap::new(), "GET", "/pods").await,
             Err(Refused::Unauthorized)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_token_is_refused_once_its_cached_answer_is_older_than_the_ttl() {
+        let api = Arc::new(Api::default());
+        let a = auth(&api, false);
+        a.check(None, &headers("good"), "GET", "/pods")
+            .await
+            .expect("allowed while valid");
+        api.expired.store(true, Ordering::SeqCst);
+        tokio::time::advance(Duration::from_secs(119)).await;
+        a.check(None, &headers("good"), "GET", "/pods")
+            .await
+            .expect("the cached answer stands for cacheTTL, as upstream");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(
+            a.check(None, &headers("good"), "GET", "/pods").await,
+            Err(Refused::Unauthorized),
+            "after cacheTTL the token is reviewed again and refused"
+        );
+        assert_eq!(api.token_reviews.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
