@@ -28,6 +28,10 @@ pub struct Results {
     /// The runtime's own start floor per pod count.
     #[serde(default)]
     pub floors: Vec<Floor>,
+    /// Why the run stopped before its last pod count, if it did: the tables
+    /// hold what was measured until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// The runtime's floor at one pod count (`evlet_bench::floor`).
@@ -169,7 +173,7 @@ const METRICS: &[Metric] = &[
 pub fn markdown(results: &Results) -> String {
     let m = &results.machine;
     let mut out = format!(
-        "Run {} on {} CPUs, {:.0} GiB, kernel {}, containerd {}, evlet {} build{}.\n\
+        "Run {} on {} CPUs, {:.0} GiB, kernel {}, {}, evlet {} build{}.\n\
          Command: `{}`\n",
         results.started,
         m.cpus,
@@ -184,6 +188,12 @@ pub fn markdown(results: &Results) -> String {
         },
         results.command
     );
+    if let Some(failure) = &results.failure {
+        let _ = write!(
+            out,
+            "\n**Stopped early**, at {failure}. The tables hold what was measured before.\n"
+        );
+    }
     let mut counts: Vec<usize> = results.runs.iter().map(|r| r.pods).collect();
     counts.dedup();
     for pods in counts {

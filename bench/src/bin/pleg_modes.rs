@@ -470,10 +470,7 @@ async fn cleanup(client: &RuntimeClient) -> Result<()> {
         let mut set = tokio::task::JoinSet::new();
         for id in chunk {
             let (client, id) = (client.clone(), id.clone());
-            set.spawn(async move {
-                client.stop_pod_sandbox(&id).await?;
-                client.remove_pod_sandbox(&id).await
-            });
+            set.spawn(async move { floor::remove_sandbox(&client, &id).await });
         }
         while let Some(r) = set.join_next().await {
             r??;
@@ -542,7 +539,6 @@ async fn one(
     } else {
         None
     };
-    cleanup(&ctx.client).await?;
     Ok((run, cri))
 }
 
@@ -619,6 +615,7 @@ async fn main() -> Result<()> {
         runs: Vec::new(),
         cri: Vec::new(),
         floors: Vec::new(),
+        failure: None,
     };
     let ctx = Ctx {
         args,
@@ -628,53 +625,24 @@ async fn main() -> Result<()> {
     };
     cleanup(&ctx.client).await?;
     floor::cleanup(&ctx.client).await?;
-    for &pods in &ctx.args.pods {
-        eprintln!("bench: the runtime's floor with {pods} pods");
-        let floor_root = ctx.args.work.join("floor-root");
-        let measured = floor::measure(
-            &ctx.client,
-            &floor_root,
-            &ctx.node.cgroup_root,
-            &ctx.node.image,
-            pods,
-            ctx.plan.kills.min(pods),
-        )
-        .await;
-        floor::cleanup(&ctx.client).await?;
-        let measured = measured.context("the CRI-only floor")?;
-        eprintln!(
-            "bench: floor with {pods} pods: all started after {:.1}s",
-            measured.start_total.as_secs_f64()
-        );
-        results.floors.push(Floor {
-            pods,
-            start_total_s: measured.start_total.as_secs_f64(),
-            create_start: measured.create_start,
-        });
-        for (k, mode) in ctx.args.modes.iter().enumerate() {
-            let (run, cri) = match one(&ctx, mode, pods, k == 0).await {
-                Ok(done) => done,
-                Err(err) => {
-                    eprintln!("bench: cleaning up after the failure");
-                    let _ = cleanup(&ctx.client).await;
-                    return Err(err);
-                }
-            };
-            if let Some(c) = cri {
-                results.cri.push(c);
-            }
-            results.runs.push(run);
-        }
-    }
     let stem = ctx
         .args
         .out
         .join(started.strftime("%Y%m%dT%H%M%SZ").to_string());
-    let json = serde_json::to_string_pretty(&results)?;
-    let md = report::markdown(&results);
-    std::fs::write(stem.with_extension("json"), &json)?;
-    std::fs::write(stem.with_extension("md"), &md)?;
-    report::chart(&results, &stem.with_extension("png"))?;
+    for &pods in &ctx.args.pods {
+        if let Err(err) = measure_count(&ctx, pods, &mut results).await {
+            // What was measured before the failure is kept.
+            results.failure = Some(format!("{pods} pods: {err:#}"));
+            write(&results, &stem)?;
+            eprintln!(
+                "bench: partial results in {}.{{json,md,png}}",
+                stem.display()
+            );
+            return Err(err);
+        }
+        // Each finished pod count is on disk at once: a later failure keeps it.
+        write(&results, &stem)?;
+    }
     if !results.quick {
         for ext in ["json", "md", "png"] {
             std::fs::copy(
@@ -683,11 +651,66 @@ async fn main() -> Result<()> {
             )?;
         }
     }
-    println!("{md}");
+    println!("{}", report::markdown(&results));
     eprintln!("bench: results in {}.{{json,md,png}}", stem.display());
     let errors: usize = results.runs.iter().map(|r| r.errors.len()).sum();
     if errors > 0 {
         bail!("{errors} measurement(s) failed; see the errors in the report");
+    }
+    Ok(())
+}
+
+/// Writes the results so far as `<stem>.{json,md,png}`.
+fn write(results: &Results, stem: &Path) -> Result<()> {
+    std::fs::write(
+        stem.with_extension("json"),
+        serde_json::to_string_pretty(results)?,
+    )?;
+    std::fs::write(stem.with_extension("md"), report::markdown(results))?;
+    report::chart(results, &stem.with_extension("png"))
+}
+
+/// The floor and every mode at one pod count; each finished run goes into
+/// `results` before the next starts.
+async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<()> {
+    eprintln!("bench: the runtime's floor with {pods} pods");
+    let floor_root = ctx.args.work.join("floor-root");
+    let measured = floor::measure(
+        &ctx.client,
+        &floor_root,
+        &ctx.node.cgroup_root,
+        &ctx.node.image,
+        pods,
+        ctx.plan.kills.min(pods),
+    )
+    .await;
+    floor::cleanup(&ctx.client).await?;
+    let measured = measured.context("the CRI-only floor")?;
+    eprintln!(
+        "bench: floor with {pods} pods: all started after {:.1}s",
+        measured.start_total.as_secs_f64()
+    );
+    results.floors.push(Floor {
+        pods,
+        start_total_s: measured.start_total.as_secs_f64(),
+        create_start: measured.create_start,
+    });
+    for (k, mode) in ctx.args.modes.iter().enumerate() {
+        let (run, cri) = match one(ctx, mode, pods, k == 0).await {
+            Ok(done) => done,
+            Err(err) => {
+                eprintln!("bench: cleaning up after the failure");
+                let _ = cleanup(&ctx.client).await;
+                return Err(err);
+            }
+        };
+        if let Some(c) = cri {
+            results.cri.push(c);
+        }
+        results.runs.push(run);
+        cleanup(&ctx.client)
+            .await
+            .with_context(|| format!("removing the pods of {mode} with {pods} pods"))?;
     }
     Ok(())
 }

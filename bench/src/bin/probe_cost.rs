@@ -306,7 +306,12 @@ async fn one(args: &Args, node: &Node, s: Scenario, pods: usize) -> Result<Run> 
             } else {
                 pods as f64 / s.period as f64
             },
-            probes_per_s: total / took.as_secs_f64(),
+            // No probes at all is 0, not -0.0.
+            probes_per_s: if total > 0.0 {
+                total / took.as_secs_f64()
+            } else {
+                0.0
+            },
             failed_probes: failed.max(0.0) as u64,
             late_series: late,
             series: per_series.len(),
