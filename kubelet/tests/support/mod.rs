@@ -31,6 +31,9 @@ pub struct Running {
     pub handles: Handles,
     pub shutdown: CancellationToken,
     pub task: tokio::task::JoinHandle<()>,
+    /// A test that panics drops its agent without `stop`: the agent must stop
+    /// then too, or it recreates the pods the clean-up removes.
+    _stop_on_drop: tokio_util::sync::DropGuard,
 }
 
 pub fn mode() -> PlegMode {
@@ -94,6 +97,7 @@ impl World {
         assert_eq!(active, wanted.as_str(), "PLEG mode {wanted:?} is active");
         Running {
             handles,
+            _stop_on_drop: shutdown.clone().drop_guard(),
             shutdown,
             task,
         }
@@ -278,6 +282,11 @@ where
         client,
     });
     let outcome = tokio::spawn(body(world.clone())).await;
+    if outcome.is_err() {
+        // The failed body's agent was told to stop when it was dropped; give
+        // it time to, so it does not start what the clean-up removes.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
     world.cleanup().await;
     if let Err(err) = outcome {
         std::panic::resume_unwind(err.into_panic());
