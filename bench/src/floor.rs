@@ -166,33 +166,7 @@ pub async fn cleanup(client: &RuntimeClient) -> Result<()> {
             .get("io.kubernetes.pod.name")
             .is_some_and(|n| n.starts_with(PREFIX) && n.ends_with(&format!("-{NODE}")))
     }) {
-        remove_sandbox(client, &SandboxId::new(s.id)).await?;
+        crate::remove_sandbox(client, &SandboxId::new(s.id)).await?;
     }
     Ok(())
-}
-
-/// Stops and removes a sandbox. On a loaded runtime a container can still be
-/// stopping when the removal comes ("cannot delete running task"), so the
-/// pair is tried again, a few times, before giving up.
-///
-/// # Errors
-/// The last CRI failure.
-pub async fn remove_sandbox(client: &RuntimeClient, id: &SandboxId) -> Result<()> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let done = async {
-            client.stop_pod_sandbox(id).await?;
-            client.remove_pod_sandbox(id).await
-        }
-        .await;
-        match done {
-            Ok(()) => return Ok(()),
-            Err(e) if attempt < 5 => {
-                eprintln!("bench: removing sandbox {id} (attempt {attempt}): {e}; again");
-                tokio::time::sleep(Duration::from_secs(2 * attempt)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
 }

@@ -182,7 +182,6 @@ pub async fn run(
         };
         let ids: HashSet<&str> = running.iter().map(|c| c.id.as_str()).collect();
         paths.retain(|id, _| ids.contains(id.as_str()));
-        drop(ids);
         for c in running {
             let id = ContainerId::new(&c.id);
             let log = match paths.get(&c.id) {

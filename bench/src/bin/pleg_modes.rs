@@ -470,7 +470,7 @@ async fn cleanup(client: &RuntimeClient) -> Result<()> {
         let mut set = tokio::task::JoinSet::new();
         for id in chunk {
             let (client, id) = (client.clone(), id.clone());
-            set.spawn(async move { floor::remove_sandbox(&client, &id).await });
+            set.spawn(async move { evlet_bench::remove_sandbox(&client, &id).await });
         }
         while let Some(r) = set.join_next().await {
             r??;

@@ -270,59 +270,56 @@ async fn pods_running(agent: &Agent, names: &[String]) -> Result<serde_json::Val
     }
 }
 
-/// Starts `count` pods one after another, each with `volumes` (YAML, may be
-/// empty) mounted, and times manifest written → container started, the
-/// runtime's own `startedAt` (nanoseconds; the API's timestamps have only
-/// seconds) of the container `/pods` names once it shows it running.
-#[allow(clippy::too_many_arguments)]
-async fn start_latency(
-    agent: &Agent,
-    cri: &evlet_cri::RuntimeClient,
-    manifests: &Path,
-    image: &str,
-    kind: &str,
-    volumes: &str,
-    mounts: &str,
+/// The ID of `pod`'s first container in a `/pods` list.
+fn container_id(list: &serde_json::Value, pod: &str) -> Option<String> {
+    list["items"]
+        .as_array()?
+        .iter()
+        .find(|p| p["metadata"]["name"] == pod)?["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .map(|s| s.trim_start_matches("containerd://").to_owned())
+}
+
+/// Pods started one after another to time their start.
+struct Starts<'a> {
+    agent: &'a Agent,
+    cri: &'a evlet_cri::RuntimeClient,
+    manifests: &'a Path,
+    image: &'a str,
     count: usize,
-) -> Result<Latency> {
-    let mut samples = Vec::new();
-    for i in 0..count {
-        let name = format!("{kind}{i}");
-        let yaml = format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: bench}}}}\nspec:\n  terminationGracePeriodSeconds: 1\n{volumes}  containers:\n  - name: main\n    image: {image}\n    command: [sleep, '86400']\n{mounts}"
-        );
-        let written = jiff::Timestamp::now();
-        write_manifest(manifests, &format!("{name}.yaml"), &yaml)?;
-        let full = format!("{name}-{NODE}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let id = loop {
-            let list = agent.http.json("/pods").await?.context("/pods")?;
-            let id = list["items"].as_array().and_then(|items| {
-                let status = &items.iter().find(|p| p["metadata"]["name"] == full.as_str())?["status"]
-                    ["containerStatuses"][0];
-                status["state"]["running"].as_object()?;
-                status["containerID"]
-                    .as_str()
-                    .map(|s| s.trim_start_matches("containerd://").to_owned())
-            });
-            if let Some(id) = id {
-                break id;
-            }
-            if Instant::now() > deadline {
-                bail!("{full} did not start within a minute");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let started_ns = cri
-            .container_status(&evlet_cri::ContainerId::new(&id))
-            .await?
-            .started_at;
-        let took = i128::from(started_ns) - written.as_nanosecond();
-        let took = u64::try_from(took)
-            .with_context(|| format!("{full} started before its manifest was written"))?;
-        samples.push(Duration::from_nanos(took));
+}
+
+impl Starts<'_> {
+    /// Starts `count` pods named `<kind><i>`, each with `volumes` (YAML, may
+    /// be empty) mounted by `mounts`, and times manifest written → the
+    /// runtime's own `startedAt` (nanoseconds; the API's timestamps have only
+    /// seconds) of the container `/pods` shows running.
+    async fn latency(&self, kind: &str, volumes: &str, mounts: &str) -> Result<Latency> {
+        let mut samples = Vec::new();
+        for i in 0..self.count {
+            let name = format!("{kind}{i}");
+            let yaml = format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: bench}}}}\nspec:\n  terminationGracePeriodSeconds: 1\n{volumes}  containers:\n  - name: main\n    image: {}\n    command: [sleep, '86400']\n{mounts}",
+                self.image
+            );
+            let written = jiff::Timestamp::now();
+            write_manifest(self.manifests, &format!("{name}.yaml"), &yaml)?;
+            let full = format!("{name}-{NODE}");
+            let list = pods_running(self.agent, std::slice::from_ref(&full)).await?;
+            let id =
+                container_id(&list, &full).with_context(|| format!("{full}'s container ID"))?;
+            let started_ns = self
+                .cri
+                .container_status(&evlet_cri::ContainerId::new(&id))
+                .await?
+                .started_at;
+            let took = i128::from(started_ns) - written.as_nanosecond();
+            let took = u64::try_from(took)
+                .with_context(|| format!("{full} started before its manifest was written"))?;
+            samples.push(Duration::from_nanos(took));
+        }
+        Ok(percentiles(samples))
     }
-    Ok(percentiles(samples))
 }
 
 async fn measure(
@@ -340,15 +337,9 @@ async fn measure(
     let writer = format!("writer-{NODE}");
     let idle = format!("idle-{NODE}");
     let list = pods_running(agent, &[writer.clone(), idle.clone()]).await?;
-    let container_id = |pod: &str| -> Option<String> {
-        list["items"].as_array()?.iter().find(|p| p["metadata"]["name"] == pod)?["status"]["containerStatuses"][0]
-            ["containerID"]
-            .as_str()
-            .map(|s| s.trim_start_matches("containerd://").to_owned())
-    };
-    let idle_id = container_id(&idle).context("the idle container's ID")?;
+    let idle_id = container_id(&list, &idle).context("the idle container's ID")?;
     let cri = evlet_cri::RuntimeClient::connect(&node.endpoint, evlet_cri::Options::default())?;
-    let writer_id = container_id(&writer).context("the writer's ID")?;
+    let writer_id = container_id(&list, &writer).context("the writer's ID")?;
     let log_path = PathBuf::from(
         cri.container_status(&evlet_cri::ContainerId::new(&writer_id))
             .await?
@@ -421,24 +412,20 @@ async fn measure(
     let manifests = args.work.join("stream-manifests");
     let host = args.work.join("stream-host");
     std::fs::create_dir_all(&host)?;
-    let start_no_volumes =
-        start_latency(agent, &cri, &manifests, &node.image, "plain", "", "", count).await?;
+    let starts = Starts {
+        agent,
+        cri: &cri,
+        manifests: &manifests,
+        image: &node.image,
+        count,
+    };
+    let start_no_volumes = starts.latency("plain", "", "").await?;
     let volumes = format!(
         "  volumes:\n  - {{name: disk, emptyDir: {{}}}}\n  - {{name: mem, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}\n  - {{name: host, hostPath: {{path: {}, type: Directory}}}}\n  - {{name: info, downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}}}\n  - {{name: proj, projected: {{sources: [{{downwardAPI: {{items: [{{path: name, fieldRef: {{fieldPath: metadata.name}}}}]}}}}]}}}}\n",
         host.display()
     );
     let mounts = "    volumeMounts: [{name: disk, mountPath: /disk}, {name: mem, mountPath: /mem}, {name: host, mountPath: /host}, {name: info, mountPath: /info}, {name: proj, mountPath: /proj}]\n";
-    let start_five_volumes = start_latency(
-        agent,
-        &cri,
-        &manifests,
-        &node.image,
-        "vols",
-        &volumes,
-        mounts,
-        count,
-    )
-    .await?;
+    let start_five_volumes = starts.latency("vols", &volumes, mounts).await?;
     Ok(Results {
         start_no_volumes,
         start_five_volumes,
