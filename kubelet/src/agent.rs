@@ -489,6 +489,7 @@ fn build_syncer(
         },
         seccomp_default: config.pods.seccomp_default,
         parallel_image_pulls: config.pods.parallel_image_pulls,
+        parallel_pod_starts: config.pods.parallel_pod_starts,
     };
     let (objects, sources): (Arc<dyn EnvObjects>, Arc<dyn VolumeSources>) = match readers {
         Some(r) => (

@@ -124,6 +124,10 @@ pub enum Authorization {
     },
 }
 
+/// Pod starts (sandbox and first containers) in flight at once by default;
+/// chosen by `cargo xtask bench --suite pleg` at 100 and 1000 pods (ARCHITECTURE.md).
+pub const DEFAULT_PARALLEL_POD_STARTS: usize = 8;
+
 /// The node's settings for the pods it runs (KubeletConfiguration fields of the
 /// same names).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,6 +145,10 @@ pub struct PodSettings {
     pub allowed_unsafe_sysctls: Vec<String>,
     /// `serializeImagePulls` / `maxParallelImagePulls`: pulls at once (1: serialized).
     pub parallel_image_pulls: usize,
+    /// `--max-parallel-pod-starts` (evlet's own): pods whose sandbox is being
+    /// created and first containers started at once; the rest wait their turn
+    /// before their runtime deadlines start.
+    pub parallel_pod_starts: usize,
     /// `podLogsDir`: where containers' logs go (None: `<root-dir>/logs/pods`;
     /// the binary's default is upstream's `/var/log/pods`).
     pub pod_logs_dir: Option<PathBuf>,
@@ -164,6 +172,7 @@ impl Default for PodSettings {
             seccomp_default: false,
             allowed_unsafe_sysctls: Vec::new(),
             parallel_image_pulls: 1,
+            parallel_pod_starts: DEFAULT_PARALLEL_POD_STARTS,
             pod_logs_dir: None,
             container_log_links: None,
             container_log_max_size: 10 << 20,
@@ -178,6 +187,9 @@ impl Default for PodSettings {
 /// # Errors
 /// Upstream's message naming the option.
 pub fn check_pod_settings(pods: &PodSettings) -> Result<(), String> {
+    if pods.parallel_pod_starts == 0 {
+        return Err("invalid configuration: --max-parallel-pod-starts must be at least 1".into());
+    }
     for ip in &pods.cluster_dns {
         if ip.parse::<std::net::IpAddr>().is_err() {
             return Err(format!(
@@ -821,6 +833,7 @@ impl KubeletConfiguration {
                     .and_then(|n| usize::try_from(n).ok())
                     .unwrap_or(usize::MAX >> 1)
             },
+            parallel_pod_starts: d.parallel_pod_starts,
         }
     }
 }

@@ -68,6 +68,11 @@ struct Flags {
     /// The node's resolver file (overrides `resolvConf`; "" for none).
     #[arg(long)]
     resolv_conf: Option<PathBuf>,
+    /// Pods whose sandbox and first containers are started at once (evlet's
+    /// own; default 8). The others wait their turn before their runtime
+    /// deadlines start, so a batch of hundreds does not time out in the runtime.
+    #[arg(long)]
+    max_parallel_pod_starts: Option<usize>,
     /// The secured kubelet API's port (default 10250; 0 turns it off).
     #[arg(long)]
     port: Option<u16>,
@@ -130,6 +135,9 @@ fn effective(flags: Flags) -> Result<Config> {
     }
     if let Some(path) = flags.resolv_conf {
         pods.resolv_conf = (!path.as_os_str().is_empty()).then_some(path);
+    }
+    if let Some(n) = flags.max_parallel_pod_starts {
+        pods.parallel_pod_starts = n;
     }
     config::check_pod_settings(&pods).map_err(anyhow::Error::msg)?;
     let secure = file

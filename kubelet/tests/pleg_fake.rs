@@ -188,6 +188,7 @@ async fn rig_with(exit_lag: Duration, source: Source) -> Rig {
         pods_cgroup: "/evlet-fake/kubepods".into(),
         host_ip: None,
         memory_capacity: 1 << 30,
+        parallel_pod_starts: evlet::config::DEFAULT_PARALLEL_POD_STARTS,
         ..Default::default()
     };
     let (done_tx, _done) = mpsc::unbounded_channel();

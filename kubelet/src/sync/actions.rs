@@ -148,6 +148,7 @@ pub fn compute_with(
         return actions;
     }
     actions.sandbox = status.sandboxes.first().map(|s| s.id.clone());
+    actions.kill.extend(stale_instances(spec, status));
 
     // Init containers, in order. A sidecar (restartPolicy: Always) is started
     // and holds back the next init container until it has started (running,
@@ -287,6 +288,37 @@ pub fn compute_with(
     actions
 }
 
+/// Instances older than a container's newest one that still run: a start
+/// that outlived its deadline and was tried again leaves one behind (the
+/// runtime refuses to remove a container "in starting state"). One instance
+/// per container name runs.
+fn stale_instances<'a>(
+    spec: &'a k8s_openapi::api::core::v1::PodSpec,
+    status: &'a PodStatus,
+) -> impl Iterator<Item = Kill> + 'a {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .flat_map(move |c| {
+            status
+                .containers
+                .iter()
+                .filter(move |s| s.name == c.name)
+                .skip(1)
+                .filter(|s| s.state != State::Exited)
+                .map(move |s| Kill {
+                    id: s.id.clone(),
+                    name: c.name.clone(),
+                    reason: format!(
+                        "Container {} has a newer instance; only the newest runs",
+                        c.name
+                    ),
+                    probe: None,
+                })
+        })
+}
+
 fn kill(
     latest: Option<&crate::runtime::ContainerStatus>,
     c: &Container,
@@ -378,6 +410,20 @@ mod tests {
             compute(&p, &PodStatus::empty(PodUid::from("u"))).start,
             [Target::App(0), Target::App(1)]
         );
+    }
+
+    #[test]
+    fn an_older_instance_that_still_runs_is_stopped_and_the_newest_kept() {
+        let p = pod("Always", &[], &["a"]);
+        let mut s = with_sandbox();
+        add(&mut s, &p, "a", State::Exited, 1);
+        add(&mut s, &p, "a", State::Running, 0);
+        add(&mut s, &p, "a", State::Running, 0);
+        let a = compute(&p, &s);
+        assert!(a.start.is_empty() && !a.kill_pod, "{a:?}");
+        let killed: Vec<&str> = a.kill.iter().map(|k| k.id.as_str()).collect();
+        assert_eq!(killed, ["a-1"], "only the older running instance");
+        assert!(a.kill[0].reason.contains("newer instance"));
     }
 
     #[test]

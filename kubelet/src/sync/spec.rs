@@ -33,6 +33,8 @@ pub struct NodeContext {
     pub seccomp_default: bool,
     /// Image pulls at once (`serializeImagePulls`: 1; 0 counts as 1).
     pub parallel_image_pulls: usize,
+    /// Pod starts (new sandbox and its first containers) at once; 0 counts as 1.
+    pub parallel_pod_starts: usize,
     /// `podLogsDir` (None: `<root_dir>/logs/pods`).
     pub pod_logs_dir: Option<PathBuf>,
     /// Where the log links for log shippers go (upstream's `/var/log/containers`).

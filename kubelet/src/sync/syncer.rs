@@ -65,6 +65,9 @@ pub struct Syncer {
     pub(super) volumes: Arc<VolumeManager>,
     /// Image pulls at once (`serializeImagePulls`: 1).
     pub(super) pull_slots: tokio::sync::Semaphore,
+    /// Pod starts at once (`parallel_pod_starts`): a sync that creates a
+    /// sandbox holds one until its containers are started.
+    start_slots: tokio::sync::Semaphore,
 }
 
 impl Syncer {
@@ -79,6 +82,10 @@ impl Syncer {
         events: Arc<dyn EventRecorder>,
     ) -> Self {
         let pull_slots = tokio::sync::Semaphore::new(node_pulls(&node));
+        let start_slots = tokio::sync::Semaphore::new(
+            node.parallel_pod_starts
+                .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        );
         Self {
             client,
             node,
@@ -91,6 +98,7 @@ impl Syncer {
             objects,
             volumes,
             pull_slots,
+            start_slots,
         }
     }
 
@@ -229,6 +237,17 @@ impl Syncer {
                 return Ok(outcome);
             }
         };
+        // A new sandbox waits for a start slot before its runtime deadline
+        // starts: hundreds of RunPodSandbox calls at once only make each
+        // slower (the runtime's CPU is the limit) until they time out.
+        let mut start_slot = if actions.create_sandbox {
+            tokio::select! {
+                permit = self.start_slots.acquire() => permit.ok(),
+                () = cancel.cancelled() => return Err(SyncError::Cancelled),
+            }
+        } else {
+            None
+        };
         let sandbox = if actions.create_sandbox {
             let log_dir = spec::log_dir(&self.node, pod);
             if let Err(e) = std::fs::create_dir_all(&log_dir) {
@@ -325,6 +344,7 @@ impl Syncer {
                     kind,
                     pod_ip.as_deref(),
                     &volumes,
+                    &mut start_slot,
                 )
                 .await
             {
@@ -360,6 +380,7 @@ impl Syncer {
         kind: Kind,
         pod_ip: Option<&str>,
         volumes: &PodVolumes,
+        start_slot: &mut Option<tokio::sync::SemaphorePermit<'_>>,
     ) -> Result<(), Start> {
         let uid = pod::uid(pod);
         let previous = status.latest(&c.name);
@@ -402,7 +423,7 @@ impl Syncer {
             }
             crash.next(&key, now);
         }
-        self.ensure_image(pod, c, sandbox_config).await?;
+        self.ensure_image(pod, c, sandbox_config, start_slot).await?;
         let config_error = |message: String| {
             Start::Waiting(
                 Waiting {
@@ -651,6 +672,7 @@ impl Syncer {
         pod: &Pod,
         c: &Container,
         sandbox_config: &evlet_cri::api::PodSandboxConfig,
+        start_slot: &mut Option<tokio::sync::SemaphorePermit<'_>>,
     ) -> Result<(), Start> {
         let image = c.image.clone().unwrap_or_default();
         let policy = c
@@ -707,6 +729,8 @@ impl Syncer {
                 ));
             }
         }
+        // A pull can take minutes: other pods start meanwhile.
+        start_slot.take();
         let credentials = self.pull_credentials(pod, c, &image).await;
         self.event(
             pod,

@@ -73,6 +73,7 @@ pub async fn rig_with(objects: Arc<dyn evlet::sync::objects::EnvObjects>) -> Rig
         pods_cgroup: "/evlet-fake/kubepods".into(),
         host_ip: None,
         memory_capacity: 1 << 30,
+        parallel_pod_starts: evlet::config::DEFAULT_PARALLEL_POD_STARTS,
         ..Default::default()
     };
     let (done_tx, done) = mpsc::unbounded_channel();
