@@ -116,7 +116,7 @@ pub struct EbpfSource {
     probes: Arc<Mutex<Probes>>,
     map: Arc<Mutex<CgroupMap>>,
     setup: Setup,
-    reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
     stall: Arc<Mutex<Option<Duration>>>,
     quiet: Arc<Quiet>,
 }
@@ -265,20 +265,16 @@ impl EbpfSource {
                 ctx.hints.full(Reason::ReaderRestarted, "");
             }
             first = false;
-            let task = tokio::spawn(read(reader, ctx.clone(), cancel.clone()));
-            let abort = task.abort_handle();
-            *lock(&self.reader) = Some(task);
-            loop {
-                tokio::select! {
-                    () = cancel.cancelled() => {
-                        abort.abort();
-                        return;
-                    }
-                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            let mut task = tokio::spawn(read(reader, ctx.clone(), cancel.clone()));
+            *lock(&self.reader) = Some(task.abort_handle());
+            // Woken by the task's end, not by polling it (an idle wakeup 10
+            // times a second was a visible part of the idle CPU).
+            tokio::select! {
+                () = cancel.cancelled() => {
+                    task.abort();
+                    return;
                 }
-                if abort.is_finished() {
-                    break;
-                }
+                _ = &mut task => {}
             }
             tracing::error!(
                 "the eBPF reader task ended; reopening the ring buffer and relisting everything"

@@ -28,7 +28,53 @@ pub struct FileSource {
     /// The text each file had when last parsed: an unchanged file is not parsed
     /// again (at hundreds of static pods, parsing was most of the idle CPU).
     texts: BTreeMap<PathBuf, String>,
+    /// Each file's metadata when its text was last read, once that is old
+    /// enough to trust: an unchanged stamp means an unchanged file, which is
+    /// then not even read (reading 500 manifests every period, and the
+    /// inotify events the reads cause, was the next largest idle cost).
+    stamps: BTreeMap<PathBuf, Stamp>,
+    /// Files changed less than this long ago are read in full (`RACY`).
+    racy: Duration,
 }
+
+/// What identifies a file's content without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    /// The stamp of `meta`, unless the file changed so recently that another
+    /// write could land within the same timestamp tick (git's "racy" files).
+    fn trusted(meta: &std::fs::Metadata, racy: Duration) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let now = std::time::SystemTime::now();
+        let age = |secs: i64, nanos: i64| {
+            let at = std::time::UNIX_EPOCH
+                + Duration::new(
+                    u64::try_from(secs).unwrap_or(0),
+                    u32::try_from(nanos).unwrap_or(0),
+                );
+            now.duration_since(at).ok()
+        };
+        // Both times: `touch -d` or `cp -p` set an old mtime on a new content.
+        let settled = [(meta.mtime(), meta.mtime_nsec()), (meta.ctime(), meta.ctime_nsec())]
+            .into_iter()
+            .all(|(s, n)| age(s, n).is_some_and(|a| a > racy));
+        settled.then(|| Self {
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+}
+
+/// A file modified less than this long ago is read in full on every scan.
+const RACY: Duration = Duration::from_secs(2);
 
 impl FileSource {
     /// A source for `path` on node `node`.
@@ -39,6 +85,8 @@ impl FileSource {
             good: BTreeMap::new(),
             errors: BTreeMap::new(),
             texts: BTreeMap::new(),
+            stamps: BTreeMap::new(),
+            racy: RACY,
         }
     }
 
@@ -85,10 +133,24 @@ impl FileSource {
         let mut changed = self.good.len() != before;
         self.errors.retain(|f, _| present.contains(f));
         self.texts.retain(|f, _| present.contains(f));
+        self.stamps.retain(|f, _| present.contains(f));
         let mut new_errors = Vec::new();
         for file in &files {
             let origin = file.display().to_string();
+            let stamp = std::fs::metadata(file)
+                .ok()
+                .and_then(|m| Stamp::trusted(&m, self.racy));
+            if stamp.is_some()
+                && self.stamps.get(file) == stamp.as_ref()
+                && self.good.contains_key(file)
+            {
+                continue;
+            }
             let read = std::fs::read_to_string(file);
+            match (&read, stamp) {
+                (Ok(_), Some(stamp)) => self.stamps.insert(file.clone(), stamp),
+                _ => self.stamps.remove(file),
+            };
             if let Ok(text) = &read
                 && self.texts.get(file) == Some(text)
                 && self.good.contains_key(file)
@@ -176,20 +238,21 @@ impl FileSource {
                 None
             }
         };
-        let mut last: Option<Vec<Pod>> = None;
+        // No copy of the last snapshot is kept to compare with (one more copy
+        // of every static pod): a rescan answers only when a file changed,
+        // and a snapshot equal to the last one changes nothing downstream.
+        let mut answered = false;
         loop {
             let (pods, errors) = self.rescan();
             // The first scan always answers, even with no pods: an empty
             // directory is an answer (sourcesReady waits for it).
-            let pods = pods.or_else(|| last.is_none().then(|| self.snapshot()));
+            let pods = pods.or_else(|| (!answered).then(|| self.snapshot()));
             for err in errors {
                 tracing::error!(source = "file", error = %err, "rejected static pod manifest");
                 let _ = tx.send(SourceMessage::Error(Source::File, err)).await;
             }
-            if let Some(pods) = pods
-                && last.as_ref() != Some(&pods)
-            {
-                last = Some(pods.clone());
+            if let Some(pods) = pods {
+                answered = true;
                 if tx
                     .send(SourceMessage::Snapshot(Source::File, pods))
                     .await
@@ -321,6 +384,34 @@ mod tests {
                 .and_then(|s| s.containers[0].image.clone())
         };
         assert_eq!(image(&edited).as_deref(), Some("evlet.local/test:v9"));
+        assert_ne!(edited[0].metadata.uid, first[0].metadata.uid);
+    }
+
+    #[test]
+    fn a_settled_file_is_trusted_by_its_stamp_yet_an_edit_that_restores_its_mtime_is_seen() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = dir.path().join("web.yaml");
+        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        let write = |text: &str| {
+            std::fs::write(&file, text).expect("write");
+            std::fs::File::options()
+                .write(true)
+                .open(&file)
+                .and_then(|f| f.set_modified(old))
+                .expect("set mtime");
+        };
+        write(POD);
+        let mut src = FileSource::new(dir.path().to_path_buf(), "n".into());
+        let _ = src.scan();
+        assert!(!src.stamps.contains_key(&file), "a file changed just now is always read");
+        src.racy = Duration::ZERO;
+        let first = src.scan().0;
+        assert!(src.stamps.contains_key(&file), "a settled file's stamp is kept");
+        // Same length, same mtime: the ctime the write and utimes set tells
+        // (a timestamp tick later: the racy window covers the same tick).
+        std::thread::sleep(Duration::from_millis(20));
+        write(&POD.replace("test:v1", "test:v9"));
+        let edited = src.scan().0;
         assert_ne!(edited[0].metadata.uid, first[0].metadata.uid);
     }
 }
