@@ -1,12 +1,15 @@
 //! The runtime's floor: what starting pods costs when only CRI calls are made.
 //!
 //! [`start`] starts N pods straight over CRI with the parallelism evlet's pod
-//! workers have (one task per pod, all at once): `RunPodSandbox`, then
+//! workers have (one task per pod, at most `parallel` starting at once, as
+//! evlet's `--max-parallel-pod-starts`): `RunPodSandbox`, then
 //! `CreateContainer` and `StartContainer`, with the very configs evlet builds
 //! (its own `sync::spec` builders on its own parsed manifests), so the
-//! runtime does exactly the same work. [`create_start`] then times one more
-//! container's create + start in an existing sandbox at that density: the
-//! floor of "kill → replacement running".
+//! runtime does exactly the same work. Then, at that density, it SIGKILLs a
+//! container's init and at once creates and starts its replacement: the floor
+//! of "kill → replacement running" for an agent that knows of the death at
+//! once (the runtime handles the old container's exit meanwhile, as it does
+//! under evlet).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,7 +20,7 @@ use evlet::runtime::Kind;
 use evlet::source::manifest::{self, StaticKind};
 use evlet::sync::env::ApiObjects;
 use evlet::sync::spec::{self, ContainerContext, NodeContext};
-use evlet_cri::{RuntimeClient, SandboxFilter, SandboxId};
+use evlet_cri::{ContainerId, RuntimeClient, SandboxFilter, SandboxId};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::{NODE, Summary};
@@ -30,8 +33,8 @@ pub const PREFIX: &str = "floor";
 pub struct Floor {
     /// N pods started at once: first call → last container started.
     pub start_total: Duration,
-    /// One container's create + start in an existing sandbox, at density N.
-    pub create_start: Option<Summary>,
+    /// SIGKILL of a container's init → its replacement created and started, at density N.
+    pub kill_replacement: Option<Summary>,
 }
 
 fn pods(n: usize, image: &str) -> Result<Vec<Pod>> {
@@ -49,18 +52,18 @@ fn pods(n: usize, image: &str) -> Result<Vec<Pod>> {
     Ok(out)
 }
 
-/// Starts one pod: sandbox, then its container; returns the sandbox.
+/// Starts one pod: sandbox, then its container; returns both.
 async fn start_pod(
     client: &RuntimeClient,
     node: &NodeContext,
     pod: &Pod,
     restart_count: u32,
-) -> Result<SandboxId> {
+) -> Result<(SandboxId, ContainerId)> {
     let sandbox_config = spec::sandbox_config(node, pod, 0)?;
     std::fs::create_dir_all(spec::log_dir(node, pod))?;
     let sandbox = client.run_pod_sandbox(sandbox_config.clone(), "").await?;
-    create_start_one(client, node, pod, &sandbox, restart_count).await?;
-    Ok(sandbox)
+    let container = create_start_one(client, node, pod, &sandbox, restart_count).await?;
+    Ok((sandbox, container))
 }
 
 async fn create_start_one(
@@ -69,7 +72,7 @@ async fn create_start_one(
     pod: &Pod,
     sandbox: &SandboxId,
     restart_count: u32,
-) -> Result<()> {
+) -> Result<ContainerId> {
     let sandbox_config = spec::sandbox_config(node, pod, 0)?;
     let c = pod
         .spec
@@ -100,7 +103,7 @@ async fn create_start_one(
         .create_container(sandbox, config, sandbox_config)
         .await?;
     client.start_container(&id).await?;
-    Ok(())
+    Ok(id)
 }
 
 /// Starts `n` pods over CRI at once and times it; then `samples` single
@@ -115,6 +118,7 @@ pub async fn measure(
     image: &str,
     n: usize,
     samples: usize,
+    parallel: usize,
 ) -> Result<Floor> {
     let node = Arc::new(NodeContext {
         node_name: NODE.into(),
@@ -127,9 +131,13 @@ pub async fn measure(
     let pods = pods(n, image)?;
     let started = Instant::now();
     let mut set = tokio::task::JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
     for pod in pods.iter().cloned() {
-        let (client, node) = (client.clone(), Arc::clone(&node));
-        set.spawn(async move { start_pod(&client, &node, &pod, 0).await.map(|s| (pod, s)) });
+        let (client, node, slots) = (client.clone(), Arc::clone(&node), Arc::clone(&slots));
+        set.spawn(async move {
+            let _slot = slots.acquire().await;
+            start_pod(&client, &node, &pod, 0).await.map(|s| (pod, s))
+        });
     }
     let mut started_pods = Vec::new();
     while let Some(r) = set.join_next().await {
@@ -137,8 +145,16 @@ pub async fn measure(
     }
     let start_total = started.elapsed();
     let mut lat = Vec::new();
-    for (k, (pod, sandbox)) in started_pods.iter().take(samples).enumerate() {
+    for (k, (pod, (sandbox, container))) in started_pods.iter().take(samples).enumerate() {
+        let pid = client
+            .container_pid(container)
+            .await?
+            .context("no init pid of a floor container")?;
         let t = Instant::now();
+        // SAFETY: kill(2) with a PID the runtime just reported for our container.
+        if unsafe { libc::kill(i32::try_from(pid)?, libc::SIGKILL) } != 0 {
+            bail!("kill {pid}: {}", std::io::Error::last_os_error());
+        }
         create_start_one(
             client,
             &node,
@@ -151,7 +167,7 @@ pub async fn measure(
     }
     Ok(Floor {
         start_total,
-        create_start: Summary::of(&lat),
+        kill_replacement: Summary::of(&lat),
     })
 }
 

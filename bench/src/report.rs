@@ -28,6 +28,10 @@ pub struct Results {
     /// The runtime's own start floor per pod count.
     #[serde(default)]
     pub floors: Vec<Floor>,
+    /// Pod starts in flight at once, in evlet and in the floor
+    /// (`--max-parallel-pod-starts`); None in runs before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_pod_starts: Option<usize>,
     /// Why the run stopped before its last pod count, if it did: the tables
     /// hold what was measured until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,8 +45,14 @@ pub struct Floor {
     pub pods: usize,
     /// N pods started straight over CRI, all at once (seconds).
     pub start_total_s: f64,
-    /// One container's create + start in an existing sandbox at this density.
+    /// One container's create + start in an existing sandbox at this density
+    /// (runs before `kill_replacement` existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_start: Option<Summary>,
+    /// SIGKILL of a container's init → its replacement created and started
+    /// over CRI at once: the floor of "kill → replacement running".
+    #[serde(default)]
+    pub kill_replacement: Option<Summary>,
 }
 
 /// Where it ran.
@@ -73,6 +83,13 @@ pub struct Run {
     pub start_per_pod: Option<Summary>,
     /// How often `/pods` was polled for the start figures.
     pub start_poll_ms: u64,
+    /// evlet's CPU time during the batch start (seconds).
+    #[serde(default)]
+    pub start_evlet_cpu_s: Option<f64>,
+    /// containerd's own CPU time during the batch start (seconds; its shims
+    /// and runc are other processes).
+    #[serde(default)]
+    pub start_containerd_cpu_s: Option<f64>,
     /// CPU over the idle window, percent of one core.
     pub idle_window_s: f64,
     /// evlet's CPU over the idle window, percent of one core.
@@ -90,8 +107,12 @@ pub struct Run {
     /// SIGKILL → the pod's replacement container running in `/pods`.
     #[serde(default)]
     pub kill_to_replacement: Option<Summary>,
-    /// The kernel's OOM-kill message → `OOMKilled` in `/pods/<ns>/<name>`.
+    /// The kernel's OOM-kill message → `OOMKilled` in `/pods/<ns>/<name>`
+    /// (the median of [`Run::oom_to_status`] since it exists).
     pub oom_to_status_ms: Option<f64>,
+    /// The same over every OOM kill of the run.
+    #[serde(default)]
+    pub oom_to_status: Option<Summary>,
     /// Anything that went wrong in this run (a failed kill, a timeout).
     pub errors: Vec<String>,
 }
@@ -154,7 +175,12 @@ const METRICS: &[Metric] = &[
     ("kill → CRI exited p99 (ms, runtime floor)", |r| {
         Some(r.kill_to_runtime.as_ref()?.p99_ms)
     }),
-    ("OOM → OOMKilled (ms)", |r| r.oom_to_status_ms),
+    ("OOM → OOMKilled p50 (ms)", |r| {
+        r.oom_to_status.as_ref().map(|s| s.p50_ms).or(r.oom_to_status_ms)
+    }),
+    ("OOM → OOMKilled p99 (ms)", |r| {
+        Some(r.oom_to_status.as_ref()?.p99_ms)
+    }),
     ("idle evlet CPU (% of a core)", |r| Some(r.evlet_cpu_pct)),
     ("idle containerd CPU (% of a core)", |r| {
         Some(r.containerd_cpu_pct)
@@ -167,6 +193,8 @@ const METRICS: &[Metric] = &[
         Some(r.start_per_pod.as_ref()?.p99_ms)
     }),
     ("start all pods (s)", |r| Some(r.start_total_s)),
+    ("start: evlet CPU (s)", |r| r.start_evlet_cpu_s),
+    ("start: containerd CPU (s)", |r| r.start_containerd_cpu_s),
 ];
 
 /// The Markdown report: one table per pod count.
@@ -247,17 +275,22 @@ pub fn markdown(results: &Results) -> String {
         }
     }
     if !results.floors.is_empty() {
-        out += "\n### The runtime's floor (CRI only, evlet's configs and parallelism)\n\n\
-                | pods | start all pods (s) | one create+start p50 (ms) | p99 (ms) |\n\
+        out += "\n### The runtime's floor (CRI only, evlet's configs and parallelism)\n\n";
+        if let Some(n) = results.parallel_pod_starts {
+            let _ = writeln!(out, "Pods started at once, here and in evlet: {n}.\n");
+        }
+        out += "| pods | start all pods (s) | kill → replacement started p50 (ms) | p99 (ms) |\n\
                 |---:|---:|---:|---:|\n";
         for f in &results.floors {
+            // Runs before the kill → replacement floor timed a plain create + start.
+            let sample = f.kill_replacement.as_ref().or(f.create_start.as_ref());
             let _ = writeln!(
                 out,
                 "| {} | {:.1} | {} | {} |",
                 f.pods,
                 f.start_total_s,
-                fmt_ms(f.create_start.as_ref().map(|s| s.p50_ms)),
-                fmt_ms(f.create_start.as_ref().map(|s| s.p99_ms)),
+                fmt_ms(sample.map(|s| s.p50_ms)),
+                fmt_ms(sample.map(|s| s.p99_ms)),
             );
         }
     }

@@ -10,12 +10,14 @@
 //!    showing the container terminated, next to → CRI `ContainerStatus` reporting
 //!    EXITED (polled every 1 ms: the floor of any agent that reads the runtime),
 //!    and → the pod's replacement container running (`restartPolicy: Always`);
-//! 4. an OOM kill: the kernel's message on `/dev/kmsg` → `OOMKilled` in the pod status;
+//! 4. OOM kills (10, one pod each): the kernel's message on `/dev/kmsg` → `OOMKilled`
+//!    in the pod status;
 //! 5. once per N, the CRI status calls a relist makes (PodSandboxStatus + ContainerStatus)
 //!    against the N real pods: calls/s and latency, one at a time and 8 in flight;
 //! 6. once per N, before the agents, the runtime's floor (`evlet_bench::floor`):
 //!    N pods started straight over CRI with evlet's configs and parallelism, and
-//!    one container's create + start at that density (the floor of kill → replacement).
+//!    SIGKILL → replacement created and started at that density (the floor of
+//!    kill → replacement).
 //!
 //! Output: `<out>/<timestamp>.json` (with every sample), `.md` (tables with ratios
 //! against `ebpf`) and `.png`; full runs also refresh `latest.*`.
@@ -71,9 +73,15 @@ struct Args {
     /// Container kills per run.
     #[arg(long)]
     kills: Option<usize>,
+    /// OOM kills per run (one pod each).
+    #[arg(long)]
+    ooms: Option<usize>,
     /// Idle window per run, seconds.
     #[arg(long)]
     idle: Option<u64>,
+    /// Pods started at once, by evlet (`--max-parallel-pod-starts`) and by the floor.
+    #[arg(long, default_value_t = evlet::config::DEFAULT_PARALLEL_POD_STARTS)]
+    parallel_pod_starts: usize,
 }
 
 /// The node the xtask brought up (its `node.env`).
@@ -111,6 +119,7 @@ impl Node {
 #[derive(Debug, Clone, Copy)]
 struct Plan {
     kills: usize,
+    ooms: usize,
     idle: Duration,
     settle: Duration,
     cri_window: Duration,
@@ -130,9 +139,9 @@ fn manifest(i: usize, image: &str) -> String {
     )
 }
 
-fn oom_manifest(image: &str) -> String {
+fn oom_manifest(k: usize, image: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: oom}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: hog\n    image: {image}\n    command: [/bin/memhog, '256']\n    resources: {{limits: {{memory: 64Mi}}}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: oom{k}}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: hog\n    image: {image}\n    command: [/bin/sh, -c, 'sleep 1; exec /bin/memhog 256']\n    resources: {{limits: {{memory: 64Mi}}}}\n"
     )
 }
 
@@ -181,6 +190,10 @@ async fn batch_start(
     plan: Plan,
     run: &mut Run,
 ) -> Result<()> {
+    // Reading /pods costs evlet and this harness CPU the runtime then lacks:
+    // at hundreds of pods it is polled less often (the start figures' resolution).
+    let poll = plan.poll.max(Duration::from_millis(pods as u64));
+    let (evlet0, containerd0) = (agent.cpu()?, process_cpu(node.containerd_pid)?);
     let written = Instant::now();
     for i in 0..pods {
         write_manifest(manifests, &format!("b{i}.yaml"), &manifest(i, &node.image))?;
@@ -195,7 +208,7 @@ async fn batch_start(
                 written.elapsed()
             );
         }
-        tokio::time::sleep(plan.poll).await;
+        tokio::time::sleep(poll).await;
         let Some(list) = agent.http.json("/pods").await? else {
             bail!("/pods is missing");
         };
@@ -216,7 +229,13 @@ async fn batch_start(
         .unwrap_or_default()
         .as_secs_f64();
     run.start_per_pod = Summary::of(&per_pod);
-    run.start_poll_ms = plan.poll.as_millis() as u64;
+    run.start_poll_ms = poll.as_millis() as u64;
+    run.start_evlet_cpu_s = Some(agent.cpu()?.saturating_sub(evlet0).as_secs_f64());
+    run.start_containerd_cpu_s = Some(
+        process_cpu(node.containerd_pid)?
+            .saturating_sub(containerd0)
+            .as_secs_f64(),
+    );
     Ok(())
 }
 
@@ -363,26 +382,39 @@ fn kmsg_oom(comm: &'static str) -> Result<tokio::sync::oneshot::Receiver<Instant
     Ok(rx)
 }
 
-async fn oom(agent: &Agent, manifests: &Path, node: &Node, run: &mut Run) -> Result<()> {
-    let killed = kmsg_oom("memhog")?;
-    write_manifest(manifests, "oom.yaml", &oom_manifest(&node.image))?;
-    let name = format!("oom-{NODE}");
-    let seen = poll_pod(
-        &agent.http,
-        &name,
-        Duration::from_millis(2),
-        Duration::from_secs(60),
-        |p| first_container(p)["state"]["terminated"]["reason"] == "OOMKilled",
-    )
-    .await;
-    let kernel = tokio::time::timeout(Duration::from_secs(1), killed).await;
-    match (seen, kernel) {
-        (Some(seen), Ok(Ok(kernel))) => {
-            run.oom_to_status_ms = Some(seen.saturating_duration_since(kernel).as_secs_f64() * 1e3);
+/// `plan.ooms` OOM kills, one pod after the other (each left exited). The
+/// hog starts a second after its container, so the OOM strikes a running
+/// container: one that strikes while the runtime's StartContainer call is
+/// still out is published when that sync ends (tens of ms at 500 pods).
+async fn oom(
+    agent: &Agent,
+    manifests: &Path,
+    node: &Node,
+    plan: Plan,
+    run: &mut Run,
+) -> Result<()> {
+    let mut lat = Vec::new();
+    for k in 0..plan.ooms {
+        let killed = kmsg_oom("memhog")?;
+        write_manifest(manifests, &format!("oom{k}.yaml"), &oom_manifest(k, &node.image))?;
+        let name = format!("oom{k}-{NODE}");
+        let seen = poll_pod(
+            &agent.http,
+            &name,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+            |p| first_container(p)["state"]["terminated"]["reason"] == "OOMKilled",
+        )
+        .await;
+        let kernel = tokio::time::timeout(Duration::from_secs(1), killed).await;
+        match (seen, kernel) {
+            (Some(seen), Ok(Ok(kernel))) => lat.push(seen.saturating_duration_since(kernel)),
+            (None, _) => run.errors.push(format!("{name}: OOMKilled not in status after 60 s")),
+            (_, _) => run.errors.push(format!("{name}: no OOM message on /dev/kmsg")),
         }
-        (None, _) => run.errors.push("OOMKilled not in status after 60 s".into()),
-        (_, _) => run.errors.push("no OOM message on /dev/kmsg".into()),
     }
+    run.oom_to_status = Summary::of(&lat);
+    run.oom_to_status_ms = run.oom_to_status.as_ref().map(|s| s.p50_ms);
     Ok(())
 }
 
@@ -508,7 +540,10 @@ async fn one(
         cgroup_root: ctx.node.cgroup_root.clone(),
         address: ADDRESS.into(),
         log: log.clone(),
-        extra: Vec::new(),
+        extra: vec![
+            "--max-parallel-pod-starts".into(),
+            ctx.args.parallel_pod_starts.to_string(),
+        ],
     };
     let mut run = Run {
         mode: mode.to_owned(),
@@ -526,7 +561,7 @@ async fn one(
         idle(&agent, &ctx.node, ctx.plan, &mut run).await?;
         eprintln!("bench: {mode} with {pods} pods: kills");
         let killed = kills(&agent, &ctx.client, pods, ctx.plan, &mut run).await?;
-        oom(&agent, &manifests, &ctx.node, &mut run).await?;
+        oom(&agent, &manifests, &ctx.node, ctx.plan, &mut run).await?;
         anyhow::Ok(killed)
     }
     .await;
@@ -577,6 +612,7 @@ async fn main() -> Result<()> {
     let plan = if args.quick {
         Plan {
             kills: args.kills.unwrap_or(3),
+            ooms: args.ooms.unwrap_or(1),
             idle: Duration::from_secs(args.idle.unwrap_or(3)),
             settle: Duration::from_secs(1),
             cri_window: Duration::from_secs(1),
@@ -585,6 +621,7 @@ async fn main() -> Result<()> {
     } else {
         Plan {
             kills: args.kills.unwrap_or(30),
+            ooms: args.ooms.unwrap_or(10),
             idle: Duration::from_secs(args.idle.unwrap_or(60)),
             settle: Duration::from_secs(5),
             cri_window: Duration::from_secs(10),
@@ -615,6 +652,7 @@ async fn main() -> Result<()> {
         runs: Vec::new(),
         cri: Vec::new(),
         floors: Vec::new(),
+        parallel_pod_starts: Some(args.parallel_pod_starts),
         failure: None,
     };
     let ctx = Ctx {
@@ -682,6 +720,7 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
         &ctx.node.image,
         pods,
         ctx.plan.kills.min(pods),
+        ctx.args.parallel_pod_starts,
     )
     .await;
     floor::cleanup(&ctx.client).await?;
@@ -693,7 +732,8 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
     results.floors.push(Floor {
         pods,
         start_total_s: measured.start_total.as_secs_f64(),
-        create_start: measured.create_start,
+        create_start: None,
+        kill_replacement: measured.kill_replacement,
     });
     for (k, mode) in ctx.args.modes.iter().enumerate() {
         let (run, cri) = match one(ctx, mode, pods, k == 0).await {
