@@ -176,7 +176,10 @@ const METRICS: &[Metric] = &[
         Some(r.kill_to_runtime.as_ref()?.p99_ms)
     }),
     ("OOM → OOMKilled p50 (ms)", |r| {
-        r.oom_to_status.as_ref().map(|s| s.p50_ms).or(r.oom_to_status_ms)
+        r.oom_to_status
+            .as_ref()
+            .map(|s| s.p50_ms)
+            .or(r.oom_to_status_ms)
     }),
     ("OOM → OOMKilled p99 (ms)", |r| {
         Some(r.oom_to_status.as_ref()?.p99_ms)

@@ -396,7 +396,11 @@ async fn oom(
     let mut lat = Vec::new();
     for k in 0..plan.ooms {
         let killed = kmsg_oom("memhog")?;
-        write_manifest(manifests, &format!("oom{k}.yaml"), &oom_manifest(k, &node.image))?;
+        write_manifest(
+            manifests,
+            &format!("oom{k}.yaml"),
+            &oom_manifest(k, &node.image),
+        )?;
         let name = format!("oom{k}-{NODE}");
         let seen = poll_pod(
             &agent.http,
@@ -409,8 +413,12 @@ async fn oom(
         let kernel = tokio::time::timeout(Duration::from_secs(1), killed).await;
         match (seen, kernel) {
             (Some(seen), Ok(Ok(kernel))) => lat.push(seen.saturating_duration_since(kernel)),
-            (None, _) => run.errors.push(format!("{name}: OOMKilled not in status after 60 s")),
-            (_, _) => run.errors.push(format!("{name}: no OOM message on /dev/kmsg")),
+            (None, _) => run
+                .errors
+                .push(format!("{name}: OOMKilled not in status after 60 s")),
+            (_, _) => run
+                .errors
+                .push(format!("{name}: no OOM message on /dev/kmsg")),
         }
     }
     run.oom_to_status = Summary::of(&lat);

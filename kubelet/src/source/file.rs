@@ -61,9 +61,12 @@ impl Stamp {
             now.duration_since(at).ok()
         };
         // Both times: `touch -d` or `cp -p` set an old mtime on a new content.
-        let settled = [(meta.mtime(), meta.mtime_nsec()), (meta.ctime(), meta.ctime_nsec())]
-            .into_iter()
-            .all(|(s, n)| age(s, n).is_some_and(|a| a > racy));
+        let settled = [
+            (meta.mtime(), meta.mtime_nsec()),
+            (meta.ctime(), meta.ctime_nsec()),
+        ]
+        .into_iter()
+        .all(|(s, n)| age(s, n).is_some_and(|a| a > racy));
         settled.then(|| Self {
             ino: meta.ino(),
             len: meta.len(),
@@ -403,10 +406,16 @@ mod tests {
         write(POD);
         let mut src = FileSource::new(dir.path().to_path_buf(), "n".into());
         let _ = src.scan();
-        assert!(!src.stamps.contains_key(&file), "a file changed just now is always read");
+        assert!(
+            !src.stamps.contains_key(&file),
+            "a file changed just now is always read"
+        );
         src.racy = Duration::ZERO;
         let first = src.scan().0;
-        assert!(src.stamps.contains_key(&file), "a settled file's stamp is kept");
+        assert!(
+            src.stamps.contains_key(&file),
+            "a settled file's stamp is kept"
+        );
         // Same length, same mtime: the ctime the write and utimes set tells
         // (a timestamp tick later: the racy window covers the same tick).
         std::thread::sleep(Duration::from_millis(20));

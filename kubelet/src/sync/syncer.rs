@@ -423,7 +423,8 @@ impl Syncer {
             }
             crash.next(&key, now);
         }
-        self.ensure_image(pod, c, sandbox_config, start_slot).await?;
+        self.ensure_image(pod, c, sandbox_config, start_slot)
+            .await?;
         let config_error = |message: String| {
             Start::Waiting(
                 Waiting {
