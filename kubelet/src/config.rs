@@ -318,6 +318,8 @@ const KNOWN: &[&str] = &[
     "staticPodURL",
     "fileCheckFrequency",
     "httpCheckFrequency",
+    "syncFrequency",
+    "cgroupDriver",
     "containerRuntimeEndpoint",
     "cgroupRoot",
     "address",
@@ -714,6 +716,17 @@ impl KubeletConfiguration {
                 }
             }
         }
+        // Accepted and ignored, a systemd driver would leave the runtime
+        // (`SystemdCgroup = true`) and evlet disagreeing on every pod cgroup.
+        if let Some(driver) = value
+            .get("cgroupDriver")
+            .filter(|d| d.as_str() != Some("cgroupfs"))
+        {
+            return Err(invalid(format!(
+                "cgroupDriver: Unsupported value {}: evlet speaks the cgroupfs driver only; the systemd driver is not implemented",
+                serde_json::to_string(driver).unwrap_or_default()
+            )));
+        }
         let cfg: Self = serde_yaml::from_value(value).map_err(|e| invalid(e.to_string()))?;
         if let Some(v) = cfg
             .api_version
@@ -1099,6 +1112,21 @@ mod tests {
             parse_node_labels("Bad_Prefix/x=y")
                 .expect_err("key")
                 .contains("invalid label key")
+        );
+    }
+
+    #[test]
+    fn only_the_cgroupfs_driver_is_accepted_in_the_file() {
+        let ok = "kind: KubeletConfiguration\ncgroupDriver: cgroupfs\nsyncFrequency: 30s\n";
+        let cfg = KubeletConfiguration::parse(ok, Path::new("c.yaml")).expect("valid");
+        assert_eq!(cfg.sync_frequency.as_deref(), Some("30s"));
+        let text = "kind: KubeletConfiguration\ncgroupDriver: systemd\n";
+        let err = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect_err("refused");
+        assert!(
+            err.to_string().contains(
+                "cgroupDriver: Unsupported value \"systemd\": evlet speaks the cgroupfs driver only"
+            ),
+            "{err}"
         );
     }
 

@@ -2,8 +2,9 @@
 //!
 //! The kernel's OOM record (victim, RSS, time) is kept here and attached to a
 //! Warning event about the pod; the container's `OOMKilled` reason in the pod
-//! status still comes from CRI (design invariant 1). `/events` and `/oom` serve
-//! these; the API-server mode also posts the events.
+//! status comes from the kernel's exit record of its init (design invariant 1,
+//! revised), not from here. `/events` and `/debug/oom` serve these; the
+//! API-server mode also posts the events.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
