@@ -9,7 +9,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
 
 /// Label set `{container_state="running"}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -86,6 +87,8 @@ pub struct ProbeLabels {
 pub struct ProbeMetrics {
     /// The `/metrics/probes` registry.
     pub registry: Registry,
+    /// Every metric registered in it, with its type.
+    names: Vec<(&'static str, MetricType)>,
     /// Probes run, by result (every attempt, below threshold or not).
     pub total: Family<ProbeResultLabels, Counter>,
     /// Seconds per healthy probe (upstream observes no failures).
@@ -102,24 +105,38 @@ impl ProbeMetrics {
     /// Creates and registers the prober's metrics.
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let mut names = Vec::new();
+        let mut reg = Registrar {
+            registry: &mut registry,
+            names: &mut names,
+        };
         let total = Family::<ProbeResultLabels, Counter>::default();
         let duration: Family<ProbeLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(|| Histogram::new(buckets_seconds()));
-        registry.register(
+        reg.add(
             "prober_probe",
             "Cumulative number of a liveness, readiness or startup probe for a container by result.",
             total.clone(),
         );
-        registry.register(
+        reg.add(
             "prober_probe_duration_seconds",
             "Duration in seconds for a probe response.",
             duration.clone(),
         );
         Self {
             registry,
+            names,
             total,
             duration,
         }
+    }
+
+    /// Every sample name this registry serves, with or without samples yet.
+    pub fn exposed_names(&self) -> Vec<String> {
+        self.names
+            .iter()
+            .flat_map(|(name, kind)| sample_names(name, kind))
+            .collect()
     }
 
     /// The registry in Prometheus text format.
@@ -130,11 +147,39 @@ impl ProbeMetrics {
     }
 }
 
+/// Registers metrics and remembers their names and types: a family with no
+/// samples yet is absent from the encoded text, yet its names are served.
+struct Registrar<'a> {
+    registry: &'a mut Registry,
+    names: &'a mut Vec<(&'static str, MetricType)>,
+}
+
+impl Registrar<'_> {
+    fn add<M: Metric + TypedMetric>(&mut self, name: &'static str, help: &str, metric: M) {
+        self.names.push((name, M::TYPE));
+        self.registry.register(name, help, metric);
+    }
+}
+
+/// The sample names a metric of `kind` called `name` is exposed under
+/// (prometheus-client's OpenMetrics text: counters end in `_total`).
+fn sample_names(name: &str, kind: &MetricType) -> Vec<String> {
+    let suffixes: &[&str] = match kind {
+        MetricType::Counter => &["_total"],
+        MetricType::Histogram => &["_bucket", "_sum", "_count"],
+        MetricType::Info => &["_info"],
+        _ => &[""],
+    };
+    suffixes.iter().map(|s| format!("{name}{s}")).collect()
+}
+
 /// Every metric of the agent.
 #[derive(Debug)]
 pub struct Metrics {
     /// The registry serving `/metrics`.
     pub registry: Registry,
+    /// Every metric registered in it, with its type.
+    names: Vec<(&'static str, MetricType)>,
     /// Seconds per full relist.
     pub pleg_relist_duration: Histogram,
     /// Seconds between the starts of full relists.
@@ -217,6 +262,11 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let mut names = Vec::new();
+        let mut reg = Registrar {
+            registry: &mut registry,
+            names: &mut names,
+        };
         let m = Self {
             pleg_relist_duration: Histogram::new(buckets_seconds()),
             pleg_relist_interval: Histogram::new(buckets_seconds()),
@@ -241,113 +291,126 @@ impl Metrics {
             pod_worker_duration: Histogram::new(buckets_seconds()),
             probes: ProbeMetrics::new(),
             registry: Registry::default(),
+            names: Vec::new(),
         };
-        registry.register(
+        reg.add(
             "kubelet_pleg_relist_duration_seconds",
             "Duration in seconds for relisting pods in PLEG",
             m.pleg_relist_duration.clone(),
         );
-        registry.register(
+        reg.add(
             "kubelet_pleg_relist_interval_seconds",
             "Interval in seconds between relisting in PLEG",
             m.pleg_relist_interval.clone(),
         );
-        registry.register(
+        reg.add(
             "kubelet_pleg_pod_relist_duration_seconds",
             "Duration in seconds of single-pod relists in PLEG",
             m.pleg_pod_relist_duration.clone(),
         );
-        registry.register(
+        reg.add(
             "kubelet_pleg_discard_events",
             "The number of discard events in PLEG",
             m.pleg_discard_events.clone(),
         );
-        registry.register(
+        reg.add(
             "kubelet_pleg_last_seen_seconds",
             "Timestamp in seconds when PLEG was last seen active",
             m.pleg_last_seen.clone(),
         );
-        registry.register(
+        reg.add(
             "kubelet_running_pods",
             "Number of pods that have a running pod sandbox",
             m.running_pods.clone(),
         );
-        registry.register(
+        reg.add(
             "kubelet_running_containers",
             "Number of containers currently running",
             m.running_containers.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_hint_latency_seconds",
             "Kernel event timestamp to pod cache updated",
             m.pleg_hint_latency.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_missed_events",
             "State changes found by a global relist with no preceding hint",
             m.pleg_missed_events.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_counted_relists",
             "Full relists that counted missed events",
             m.pleg_counted_relists.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_full_relists",
             "Full relists done, by why they were needed",
             m.pleg_full_relists.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_expectation_wait_seconds",
             "How long a kernel-reported exit waited for the runtime to show it",
             m.pleg_expectation_wait.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_expectations",
             "Pods with a kernel-reported exit the runtime has not shown yet",
             m.pleg_expectations.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_runtime_disagreements",
             "Fields where the runtime's report of an exit disagreed with the kernel's",
             m.pleg_runtime_disagreements.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_runtime_exit_lost",
             "Containers the kernel saw exit that the runtime still showed running 10 s later",
             m.runtime_exit_lost.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_quiet_proofs",
             "Pod status freshness proven by a drained eBPF ring buffer instead of a CRI re-read",
             m.pleg_quiet_proofs.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_ebpf_ringbuf_lost",
             "eBPF ring buffer records lost in the kernel",
             m.ebpf_ringbuf_lost.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_oom_kills",
             "OOM kills seen by the kernel probes",
             m.oom_kills.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_pleg_mode",
             "1 for the active PLEG mode",
             m.pleg_mode.clone(),
         );
-        registry.register(
+        reg.add(
             "evlet_manifest_errors",
             "Static pod manifests rejected",
             m.manifest_errors.clone(),
         );
-        registry.register(
+        reg.add(
             "kubelet_pod_worker_duration_seconds",
             "Duration in seconds to sync a single pod",
             m.pod_worker_duration.clone(),
         );
-        Self { registry, ..m }
+        Self {
+            registry,
+            names,
+            ..m
+        }
+    }
+
+    /// Every sample name this registry serves, with or without samples yet.
+    pub fn exposed_names(&self) -> Vec<String> {
+        self.names
+            .iter()
+            .flat_map(|(name, kind)| sample_names(name, kind))
+            .collect()
     }
 
     /// The registry in Prometheus text format.

@@ -59,6 +59,7 @@ pub fn setup() -> Result<()> {
     rust_src()?;
     bpf_linker()?;
     kubectl()?;
+    promtool()?;
     tracefs()?;
     eprintln!("setup: done");
     Ok(())
@@ -367,6 +368,48 @@ fn kubectl() -> Result<()> {
         bail!("{} does not run", binary.display());
     }
     eprintln!("setup: kubectl: installed {}", binary.display());
+    Ok(())
+}
+
+/// Makes sure a `promtool` is on the tools `PATH`: the machine's, or the one in
+/// Debian's `prometheus` package, downloaded by apt (which checks it against
+/// the signed index) and unpacked into `.tools/bin` without installing the
+/// package (it would bring a Prometheus server the host did not ask for).
+fn promtool() -> Result<()> {
+    let works = |cmd: &mut Command| {
+        cmd.arg("--version")
+            .env("PATH", paths::path_with_tools())
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if works(&mut Command::new("promtool")) {
+        eprintln!("setup: promtool: ok");
+        return Ok(());
+    }
+    let scratch = paths::tools().join("promtool-deb");
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(&scratch)?;
+    fs::create_dir_all(paths::tools_bin())?;
+    sh::run(
+        Command::new("apt-get")
+            .args(["download", "prometheus"])
+            .current_dir(&scratch),
+    )
+    .context("downloading Debian's prometheus package (for promtool)")?;
+    let deb = fs::read_dir(&scratch)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .context("apt-get download left no .deb")?;
+    sh::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&scratch))
+        .context("unpacking the prometheus package")?;
+    let binary = paths::tools_bin().join("promtool");
+    fs::copy(scratch.join("usr/bin/promtool"), &binary)
+        .context("the prometheus package has no usr/bin/promtool")?;
+    let _ = fs::remove_dir_all(&scratch);
+    if !works(&mut Command::new(&binary)) {
+        bail!("{} does not run", binary.display());
+    }
+    eprintln!("setup: promtool: installed {}", binary.display());
     Ok(())
 }
 
