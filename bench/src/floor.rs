@@ -151,10 +151,7 @@ pub async fn measure(
             .await?
             .context("no init pid of a floor container")?;
         let t = Instant::now();
-        // SAFETY: kill(2) with a PID the runtime just reported for our container.
-        if unsafe { libc::kill(i32::try_from(pid)?, libc::SIGKILL) } != 0 {
-            bail!("kill {pid}: {}", std::io::Error::last_os_error());
-        }
+        crate::sigkill(pid).with_context(|| format!("kill {pid}"))?;
         create_start_one(
             client,
             &node,

