@@ -37,6 +37,8 @@ pub struct Options {
     /// Tries of a read-only call that failed with `Unavailable` (e.g. while the
     /// runtime restarts).
     pub read_attempts: u32,
+    /// Told about every finished call (the agent's runtime-operation metrics).
+    pub observer: Option<Arc<dyn Observer>>,
 }
 
 impl Default for Options {
@@ -45,8 +47,17 @@ impl Default for Options {
             request_timeout: Duration::from_secs(120),
             status_timeout: Duration::from_secs(15),
             read_attempts: 4,
+            observer: None,
         }
     }
+}
+
+/// Watches the calls a [`RuntimeClient`] makes: one report per call, with its
+/// retries inside, after it finished or failed.
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    /// `call` (the CRI method, e.g. `RunPodSandbox`) took `elapsed` and failed
+    /// with `error` if it did.
+    fn observe(&self, call: &'static str, elapsed: Duration, error: Option<&Error>);
 }
 
 /// Result of [`RuntimeClient::exec_sync`].

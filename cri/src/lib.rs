@@ -27,7 +27,7 @@ pub mod retry;
 /// The generated CRI v1 types, clients and servers.
 pub use k8s_cri::v1 as api;
 
-pub use client::{ExecOutput, Options, RuntimeClient};
+pub use client::{ExecOutput, Observer, Options, RuntimeClient};
 pub use error::{Error, ErrorKind};
 pub use filter::{ContainerFilter, SandboxFilter};
 pub use ids::{ContainerId, SandboxId};

@@ -110,6 +110,12 @@ impl RuntimeClient {
             };
             let mut retry = read_retry();
             let mut attempt = 0;
+            let report = |result: Result<Resp, Error>| {
+                if let Some(observer) = &self.options.observer {
+                    observer.observe(name, started.elapsed(), result.as_ref().err());
+                }
+                result
+            };
             loop {
                 attempt += 1;
                 let remaining = deadline.saturating_duration_since(Instant::now());
@@ -130,18 +136,18 @@ impl RuntimeClient {
                     Err(err) if err.kind == ErrorKind::Unavailable && attempt < attempts => {
                         let backoff = retry.next_delay();
                         if Instant::now() + backoff >= deadline {
-                            return Err(err);
+                            return report(Err(err));
                         }
                         tracing::debug!(attempt, %err, "retrying");
                         tokio::time::sleep(backoff).await;
                     }
                     Err(err) => {
                         tracing::debug!(elapsed = ?started.elapsed(), %err, "failed");
-                        return Err(err);
+                        return report(Err(err));
                     }
                     Ok(resp) => {
                         tracing::trace!(elapsed = ?started.elapsed(), "ok");
-                        return Ok(resp);
+                        return report(Ok(resp));
                     }
                 }
             }
