@@ -25,7 +25,7 @@ use crate::config::{self, Config, PlegMode};
 use crate::diagnostics::{Diagnostics, Event, EventRecorder};
 use crate::health::{self, Checks};
 use crate::machine::Machine;
-use crate::metrics::{Metrics, ModeLabel};
+use crate::metrics::Metrics;
 use crate::pleg::ebpf::EbpfSource;
 use crate::pleg::hints::Hints;
 use crate::pleg::relist::{CHANNEL_CAPACITY, Relister};
@@ -93,6 +93,8 @@ pub struct Handles {
     pub prober: Prober,
     /// Where the secured kubelet API listens, if it is served.
     pub secure_address: Option<std::net::SocketAddr>,
+    /// Where the read-only HTTP endpoint (`/pods`, `/metrics`, `/debug`) listens.
+    pub address: std::net::SocketAddr,
 }
 
 /// Starts the agent; it runs until `shutdown` is cancelled.
@@ -116,8 +118,18 @@ pub async fn start(
         path: config.root_dir.clone(),
         source,
     })?;
-    let (client, runtime_version) = connect_runtime(&config).await?;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::with_rest_client(
+        config
+            .api
+            .as_ref()
+            .map(|api| api.metrics.clone())
+            .unwrap_or_default(),
+    ));
+    metrics
+        .node_name
+        .with_label_values(&[&config.node_name])
+        .set(1);
+    let (client, runtime_version) = connect_runtime(&config, &metrics).await?;
     let (events_tx, events_rx) = match &config.api {
         Some(_) => {
             let (tx, rx) = mpsc::channel(api::events::QUEUE);
@@ -148,10 +160,10 @@ pub async fn start(
     // API-mode: the watched ConfigMaps and Secrets and the tokens, shared by
     // env values and volumes; their changes sync the pods that use them.
     let readers = config.api.as_ref().map(|c| ApiReaders {
-        objects: ObjectCache::new(c.0.clone(), objects_tx, shutdown.child_token()),
-        services: ServiceCache::start(c.0.clone(), shutdown.child_token()),
-        tokens: TokenManager::new(c.0.clone(), refresh_tx, shutdown.child_token()),
-        client: c.0.clone(),
+        objects: ObjectCache::new(c.client.clone(), objects_tx, shutdown.child_token()),
+        services: ServiceCache::start(c.client.clone(), shutdown.child_token()),
+        tokens: TokenManager::new(c.client.clone(), refresh_tx, shutdown.child_token()),
+        client: c.client.clone(),
     });
     let recursive_read_only = client
         .status(false)
@@ -169,6 +181,7 @@ pub async fn start(
         client.clone(),
         &machine,
         &diagnostics,
+        &metrics,
         readers.as_ref(),
         recursive_read_only,
     );
@@ -196,7 +209,7 @@ pub async fn start(
 
     let (src_tx, src_rx) = mpsc::channel::<SourceMessage>(64);
     let mut expected = start_static_sources(&config, &src_tx, &shutdown);
-    let served = start_server(
+    let (served, address) = start_server(
         &config,
         Collected {
             workers: &workers,
@@ -205,6 +218,7 @@ pub async fn start(
             diagnostics: &diagnostics,
             runtime: &client,
             cache: &cache,
+            volumes: syncer.volumes(),
         },
         &shutdown,
     )
@@ -266,6 +280,7 @@ pub async fn start(
         hints: pleg.hints,
         prober,
         secure_address,
+        address,
     };
     let inputs = Inputs {
         sources: src_rx,
@@ -280,13 +295,22 @@ pub async fn start(
 }
 
 /// Connects to the runtime and asks its version (`containerd://1.7.24`).
-async fn connect_runtime(config: &Config) -> Result<(RuntimeClient, String), StartError> {
+async fn connect_runtime(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<(RuntimeClient, String), StartError> {
     let runtime_error = |source| StartError::Runtime {
         endpoint: config.runtime_endpoint.clone(),
         source,
     };
-    let client = RuntimeClient::connect(&config.runtime_endpoint, Options::default())
-        .map_err(runtime_error)?;
+    let options = Options {
+        observer: Some(Arc::new(crate::metrics::runtime::Observer(Arc::clone(
+            metrics,
+        )))),
+        ..Options::default()
+    };
+    let client =
+        RuntimeClient::connect(&config.runtime_endpoint, options).map_err(runtime_error)?;
     let version = client.version().await.map_err(runtime_error)?;
     tracing::info!(runtime = %version.runtime_name, version = %version.runtime_version, endpoint = %config.runtime_endpoint, node = %config.node_name, "connected to the container runtime");
     Ok((
@@ -328,12 +352,7 @@ async fn start_pleg(
         }
         _ => Health::default(),
     });
-    metrics
-        .pleg_mode
-        .get_or_create(&ModeLabel {
-            mode: mode.as_str().into(),
-        })
-        .set(1);
+    metrics.pleg_mode.with_label_values(&[mode.as_str()]).set(1);
     let relister = Relister::new(
         Runtime::new(client.clone()),
         writer,
@@ -463,6 +482,7 @@ fn build_syncer(
     client: RuntimeClient,
     machine: &Machine,
     diagnostics: &Arc<Diagnostics>,
+    metrics: &Arc<Metrics>,
     readers: Option<&ApiReaders>,
     recursive_read_only: bool,
 ) -> Arc<Syncer> {
@@ -522,6 +542,7 @@ fn build_syncer(
         objects,
         volumes,
         Arc::clone(diagnostics) as _,
+        Arc::clone(metrics),
     ))
 }
 
@@ -563,6 +584,7 @@ struct Collected<'a> {
     diagnostics: &'a Arc<Diagnostics>,
     runtime: &'a RuntimeClient,
     cache: &'a PodCache,
+    volumes: &'a crate::volume::VolumeManager,
 }
 
 /// Binds the read-only HTTP endpoint.
@@ -570,10 +592,11 @@ async fn start_server(
     config: &Config,
     c: Collected<'_>,
     shutdown: &CancellationToken,
-) -> Result<Arc<Served>, StartError> {
+) -> Result<(Arc<Served>, std::net::SocketAddr), StartError> {
     let served = Arc::new(Served {
         workers: c.workers.clone(),
         health: Arc::clone(&c.pleg.health),
+        volumes: c.volumes.clone(),
         metrics: Arc::clone(c.metrics),
         mode: std::sync::Mutex::new(c.pleg.mode.as_str().into()),
         sources_ready: Default::default(),
@@ -593,8 +616,9 @@ async fn start_server(
             config.node_name.clone(),
         ),
     });
-    server::serve(config.address, Arc::clone(&served), shutdown.child_token()).await?;
-    Ok(served)
+    let address =
+        server::serve(config.address, Arc::clone(&served), shutdown.child_token()).await?;
+    Ok((served, address))
 }
 
 /// The configuration `/configz` shows, in KubeletConfiguration's words.
@@ -645,7 +669,7 @@ async fn start_secure(
     let reviews: Option<Arc<dyn server::auth::Reviews>> = config
         .api
         .as_ref()
-        .map(|c| Arc::new(api::reviews::ApiReviews::new(c.0.clone())) as _);
+        .map(|c| Arc::new(api::reviews::ApiReviews::new(c.client.clone())) as _);
     let mode = match (secure.authorization, &reviews) {
         (
             config::Authorization::Webhook {
@@ -713,7 +737,7 @@ fn start_api(
     kubelet_port: u16,
     shutdown: &CancellationToken,
 ) -> ApiState {
-    let client = api_client.0.clone();
+    let client = api_client.client.clone();
     let (mirrors_tx, mirrors_rx) = watch::channel(Mirrors::new());
     tokio::spawn(api::pods::run(
         client.clone(),
@@ -762,7 +786,7 @@ fn start_api(
             pods: i64::from(config.max_pods),
         },
         node: Some(api::node::SelfWatch::start(
-            api_client.0.clone(),
+            api_client.client.clone(),
             &config.node_name,
             shutdown.child_token(),
         )),

@@ -771,6 +771,31 @@ pub fn disk_usage(dir: &Path) -> (u64, u64) {
     (bytes, inodes)
 }
 
+/// `kubelet_volume_stats_*` of the claims pods use: the file system of each
+/// `local` PV, as upstream measures it (statfs); hostPath PVs report nothing.
+pub fn claim_stats(
+    claims: &[crate::volume::MountedClaim],
+) -> Vec<crate::metrics::VolumeStatsSample> {
+    claims
+        .iter()
+        .filter(|c| c.local)
+        .filter_map(|c| {
+            let fs = filesystem(&c.path)?;
+            let f = |v: Option<u64>| v.unwrap_or(0) as f64;
+            Some(crate::metrics::VolumeStatsSample {
+                namespace: c.namespace.clone(),
+                claim: c.claim.clone(),
+                capacity_bytes: f(fs.capacity_bytes),
+                available_bytes: f(fs.available_bytes),
+                used_bytes: f(fs.used_bytes),
+                inodes: f(fs.inodes),
+                inodes_free: f(fs.inodes_free),
+                inodes_used: f(fs.inodes_used),
+            })
+        })
+        .collect()
+}
+
 /// Capacity, availability and inodes of the filesystem holding `path`.
 pub fn filesystem(path: &Path) -> Option<FsStats> {
     let st = rustix::fs::statvfs(path).ok()?;

@@ -190,6 +190,7 @@ impl PodWorkers {
                 wake: Arc::clone(&handle.wake),
                 cancel_sync: Arc::clone(&handle.cancel_sync),
                 phase: Arc::clone(&handle.phase),
+                first_seen: Instant::now(),
             };
             tokio::spawn(worker.run());
             handle
@@ -262,6 +263,7 @@ impl PodWorkers {
     pub fn forget(&self, uid: &PodUid) {
         lock(&self.shared.workers).remove(uid);
         lock(&self.shared.views).remove(uid);
+        self.shared.metrics.startup.forget(&uid.0);
     }
 }
 
@@ -272,6 +274,8 @@ struct Worker {
     wake: Arc<Notify>,
     cancel_sync: Arc<Mutex<CancellationToken>>,
     phase: Arc<Mutex<Phase>>,
+    /// When the agent saw the pod first (`kubelet_pod_start_duration_seconds`).
+    first_seen: Instant,
 }
 
 impl Worker {
@@ -295,6 +299,25 @@ impl Worker {
     /// the last publish (a periodic sync of a quiet pod: the same pod, the same
     /// cached runtime status, the same waiting reasons and probe verdicts):
     /// then nothing changed. What was published goes to the prober too.
+    /// The pod-start metrics: first seen → Running the first time a
+    /// published status turns Running (not for a pod found running), and the
+    /// startup SLI.
+    fn observe_start(&self, memo: Option<&Published>, pod: &Pod, computed: &V1PodStatus) {
+        let running = |s: &V1PodStatus| s.phase.as_deref() == Some("Running");
+        let metrics = &self.shared.metrics;
+        if running(computed)
+            && let Some(before) = memo.and_then(|m| m.status.as_ref())
+            && !running(before)
+        {
+            metrics
+                .pod_start_duration
+                .observe(self.first_seen.elapsed().as_secs_f64());
+        }
+        metrics
+            .startup
+            .published(pod, computed, crate::clock::unix_ns());
+    }
+
     fn publish(
         &self,
         memo: &mut Option<Published>,
@@ -326,6 +349,7 @@ impl Worker {
             ..extra.clone()
         };
         let computed = status::compute(pod, runtime, &extra);
+        self.observe_start(memo.as_ref(), pod, &computed);
         self.shared
             .prober
             .observe(&self.uid, probe_target(pod, runtime, &computed));
@@ -384,8 +408,16 @@ impl Worker {
         let host_ip = self.shared.syncer.node().host_ip.clone();
         // Set when the current phase must run without waiting (a phase changed).
         let mut run_now = false;
+        // Upstream's update type of the next sync, for its duration metric:
+        // `create` first, `update` after a new spec, else `sync`.
+        let mut operation = "create";
         loop {
             if let Some(p) = self.take() {
+                if operation != "create" {
+                    operation = "update";
+                } else if pod.is_none() {
+                    self.shared.metrics.startup.seen(&p.pod);
+                }
                 if let Some(grace) = p.kill {
                     let mut phase = lock(&self.phase);
                     match *phase {
@@ -478,7 +510,9 @@ impl Worker {
                     self.shared
                         .metrics
                         .pod_worker_duration
+                        .with_label_values(&[operation])
                         .observe(started.elapsed().as_secs_f64());
+                    operation = "sync";
                     let (delay, changed) = match result {
                         Ok(SyncOutcome {
                             waiting: w,
@@ -516,8 +550,14 @@ impl Worker {
                     // Readiness is still probed while the pod terminates (upstream).
                     self.shared.prober.stop_liveness_and_startup(&current);
                     self.sync_started();
+                    let started = Instant::now();
                     let result =
                         Box::pin(self.shared.syncer.kill_pod(&current, &runtime, grace)).await;
+                    self.shared
+                        .metrics
+                        .pod_worker_duration
+                        .with_label_values(&["kill"])
+                        .observe(started.elapsed().as_secs_f64());
                     self.sync_finished(true);
                     last_sync = Some(Instant::now());
                     match result {

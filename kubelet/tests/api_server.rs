@@ -604,7 +604,7 @@ async fn a_kubeconfig_client_registers_over_http_with_its_token() {
         .await
         .expect("client");
     let token = CancellationToken::new();
-    node::register(&client.0, &healthy(), &token)
+    node::register(&client.client, &healthy(), &token)
         .await
         .expect("registered");
     let reqs = api.requests();

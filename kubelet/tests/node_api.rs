@@ -5,6 +5,8 @@
 
 #[path = "support/apiserver.rs"]
 mod apiserver;
+#[path = "support/promtool.rs"]
+mod promtool;
 mod support;
 
 use std::time::Duration;
@@ -18,7 +20,7 @@ use support::{IMAGE, Running, World, e2e};
 
 async fn start(w: &World, api: &MockApi) -> Running {
     let mut config = w.config();
-    config.api = Some(ApiClient(api.client()));
+    config.api = Some(ApiClient::over(api.service()));
     // A cluster has its DNS service (without one ClusterFirst pods get a
     // MissingClusterDNS warning, as upstream).
     config.pods.cluster_dns = vec!["10.96.0.10".into()];
@@ -29,6 +31,36 @@ async fn start(w: &World, api: &MockApi) -> Running {
     })
     .await;
     agent
+}
+
+/// `/metrics` of an agent that ran one API pod to completion: the text
+/// format with upstream's content type, passing `promtool check metrics`, and
+/// upstream's metrics counting what happened.
+async fn live_metrics_are_upstreams(agent: &Running, node: &str) {
+    let (code, content_type, text) = support::http_get(agent.handles.address, "/metrics").await;
+    assert_eq!(code, 200);
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    promtool::check_metrics(&text);
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} not in /metrics:\n{text}"))
+    };
+    assert!(value("kubelet_started_pods_total") >= 1.0);
+    assert!(value("kubelet_started_containers_total{container_type=\"container\"}") >= 1.0);
+    assert!(value("kubelet_runtime_operations_total{operation_type=\"run_podsandbox\"}") >= 1.0);
+    assert!(value("kubelet_runtime_operations_total{operation_type=\"start_container\"}") >= 1.0);
+    assert!(value("kubelet_pod_worker_duration_seconds_count{operation_type=\"create\"}") >= 1.0);
+    assert!(value("kubelet_pod_start_duration_seconds_count") >= 1.0);
+    // The API pod was created, ran, and was observed running once.
+    assert_eq!(value("kubelet_pod_start_sli_duration_seconds_count"), 1.0);
+    assert_eq!(value(&format!("kubelet_node_name{{node=\"{node}\"}}")), 1.0);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("rest_client_requests_total{code=\"200\"")),
+        "no successful API requests counted"
+    );
+    assert!(value("process_resident_memory_bytes") > 1e6);
 }
 
 fn api_pod(w: &World, name: &str, spec: Value) -> Value {
@@ -129,6 +161,7 @@ async fn an_api_pod_runs_and_its_status_goes_pending_running_succeeded() {
             })
             .await;
             assert_eq!(reasons, ["Pulled", "Created", "Started"]);
+            live_metrics_are_upstreams(&agent, &w.name).await;
             agent.stop().await;
         },
     )

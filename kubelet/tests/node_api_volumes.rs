@@ -19,7 +19,7 @@ use support::{IMAGE, Running, World, e2e};
 
 async fn start(w: &World, api: &MockApi) -> Running {
     let mut config = w.config();
-    config.api = Some(ApiClient(api.client()));
+    config.api = Some(ApiClient::over(api.service()));
     let agent = w.start_with(config).await;
     eventually(Duration::from_secs(20), "node registered", || async {
         api.get("nodes", "", &w.name)
@@ -272,6 +272,15 @@ async fn a_claim_bound_to_a_local_volume_mounts_its_path() {
                 read(disk.path(), "file").filter(|f| f == "persisted\n").map(|_| ())
             })
             .await;
+            // Upstream's volume stats of the claim: the local disk's file system.
+            let series = "kubelet_volume_stats_capacity_bytes{namespace=\"default\",persistentvolumeclaim=\"data\"}";
+            let capacity = |text: &str| -> Option<f64> {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            };
+            let (_, _, text) = support::http_get(agent.handles.address, "/metrics").await;
+            let disk_size = rustix::fs::statvfs(disk.path()).map(|s| (s.f_blocks * s.f_frsize) as f64).expect("statvfs");
+            assert_eq!(capacity(&text), Some(disk_size), "{text}");
             api.delete_pod("default", &w.pod_name("pvc"), Some(0));
             let pods = w.root.path().join("pods");
             eventually(Duration::from_secs(30), "the pod torn down", || async {
@@ -280,6 +289,8 @@ async fn a_claim_bound_to_a_local_volume_mounts_its_path() {
             })
             .await;
             assert_eq!(read(disk.path(), "file").as_deref(), Some("persisted\n"), "the local volume's data stays");
+            let (_, _, text) = support::http_get(agent.handles.address, "/metrics").await;
+            assert_eq!(capacity(&text), None, "the claim's stats go with the pod");
             agent.stop().await;
         },
     )

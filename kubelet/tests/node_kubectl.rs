@@ -49,7 +49,7 @@ async fn start(
         .and_then(|l| l.local_addr())
         .expect("a free port");
     let read_only = config.address;
-    config.api = Some(ApiClient(api.client()));
+    config.api = Some(ApiClient::over(api.service()));
     config.secure = Some(secure(client_ca));
     let agent = w.start_with(config).await;
     eventually(
@@ -431,29 +431,10 @@ async fn the_secured_port_authenticates_and_authorizes_every_request() {
                 Ok((422, "{\"message\": \"Invalid request.\"}".into()))
             );
             // The read-only port never serves the operator endpoints.
-            let answer = reqwest_free_get(ro, "/containerLogs/default/p/c").await;
-            assert_eq!(answer, (405, "Debug endpoints are disabled.\n".into()));
+            let (code, _, body) = support::http_get(ro, "/containerLogs/default/p/c").await;
+            assert_eq!((code, body.as_str()), (405, "Debug endpoints are disabled.\n"));
             agent.stop().await;
         },
     )
     .await;
-}
-
-/// A plain-HTTP GET (the read-only port): (status, body).
-async fn reqwest_free_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-s",
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-            &format!("http://{addr}{path}"),
-        ])
-        .output()
-        .await
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').expect("status");
-    (code.parse().expect("code"), body.to_owned())
 }

@@ -467,11 +467,10 @@ async fn quiet_pods_resync_without_runtime_reads_and_a_kill_still_shows() {
             let c1 = agent.running_id(&pod, "c1").await;
             // Start-up relists (after the syncs that created things) settle first.
             tokio::time::sleep(Duration::from_secs(2)).await;
-            let relists = metric(&agent, "kubelet_pleg_pod_relist_duration_seconds_count");
+            let relists = metric(&agent, "evlet_pleg_pod_relist_duration_seconds_count");
             let proofs = metric(&agent, "evlet_pleg_quiet_proofs_total");
             tokio::time::sleep(Duration::from_secs(6)).await;
-            let relists =
-                metric(&agent, "kubelet_pleg_pod_relist_duration_seconds_count") - relists;
+            let relists = metric(&agent, "evlet_pleg_pod_relist_duration_seconds_count") - relists;
             let proofs = metric(&agent, "evlet_pleg_quiet_proofs_total") - proofs;
             eprintln!("in 6 s of periodic syncs: {proofs} quiet proofs, {relists} pod relists");
             assert!(

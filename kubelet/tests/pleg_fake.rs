@@ -214,6 +214,7 @@ async fn rig_with(exit_lag: Duration, source: Source) -> Rig {
                     evlet::volume::NodeFacts::default(),
                 )),
                 diagnostics,
+                Arc::clone(&metrics),
             )),
             cache: reader,
             metrics: Arc::clone(&metrics),
@@ -302,7 +303,7 @@ impl Rig {
     /// and says how the dispatcher answered within `limit` (`None`: not yet).
     async fn freshness(&self, uid: &str, limit: Duration) -> Option<Answer> {
         let proofs = self.metric("evlet_pleg_quiet_proofs_total");
-        let relists = self.metric("kubelet_pleg_pod_relist_duration_seconds_count");
+        let relists = self.metric("evlet_pleg_pod_relist_duration_seconds_count");
         // A worker asks for an entry newer than its last sync, a while ago
         // (a proof vouches up to its drain, minus 2 ms for records in flight).
         // Work already under way (a relist in flight) may land meanwhile: pick
@@ -337,7 +338,7 @@ impl Rig {
         }
         Some(if self.metric("evlet_pleg_quiet_proofs_total") > proofs {
             Answer::Proven
-        } else if self.metric("kubelet_pleg_pod_relist_duration_seconds_count") > relists {
+        } else if self.metric("evlet_pleg_pod_relist_duration_seconds_count") > relists {
             Answer::Relisted
         } else {
             Answer::FullRelist

@@ -12,6 +12,7 @@
 //! * [`tokens`]: service-account tokens (TokenRequest) for projected volumes.
 //! * [`events`]: Kubernetes Events (aggregated repeats, per-pod rate limit).
 //! * [`ratelimit`]: client-side QPS/burst (upstream's 50/100).
+//! * [`requests`]: `rest_client_*` metrics of every request.
 //! * [`admission`]: resource and pod-count admission with upstream's reasons.
 //!
 //! Every request is listed with its upstream counterpart in ARCHITECTURE.md. None of
@@ -25,6 +26,7 @@ pub mod node;
 pub mod objects;
 pub mod pods;
 pub mod ratelimit;
+pub mod requests;
 pub mod reviews;
 pub mod services;
 pub mod status;
@@ -36,9 +38,17 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-/// A Kubernetes API client (kube-rs) for one node.
+use crate::metrics::rest::RestClientMetrics;
+
+/// A Kubernetes API client (kube-rs) for one node, with the metrics of its
+/// requests.
 #[derive(Clone)]
-pub struct ApiClient(pub kube::Client);
+pub struct ApiClient {
+    /// The client.
+    pub client: kube::Client,
+    /// What its requests report to (registered by the agent).
+    pub metrics: RestClientMetrics,
+}
 
 impl fmt::Debug for ApiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -70,6 +80,30 @@ pub enum ApiError {
 }
 
 impl ApiClient {
+    /// A client over an HTTP service (an in-process API server), with
+    /// request metrics.
+    pub fn over<S, B>(service: S) -> Self
+    where
+        S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>>
+            + Send
+            + Clone
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let metrics = RestClientMetrics::new();
+        let service = tower::Layer::layer(
+            &requests::RequestMetricsLayer::new(metrics.clone()),
+            service,
+        );
+        Self {
+            client: kube::Client::new(service, "default"),
+            metrics,
+        }
+    }
+
     /// A client from a kubeconfig file (its current context).
     ///
     /// # Errors
@@ -95,13 +129,15 @@ impl ApiClient {
                 path: path.to_owned(),
                 source,
             })?;
+        let metrics = RestClientMetrics::new();
         let client = builder
+            .with_layer(&requests::RequestMetricsLayer::new(metrics.clone()))
             .with_layer(&ratelimit::RateLimitLayer::new(
                 ratelimit::QPS,
                 ratelimit::BURST,
             ))
             .build();
-        Ok(Self(client))
+        Ok(Self { client, metrics })
     }
 }
 

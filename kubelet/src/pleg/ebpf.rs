@@ -23,7 +23,7 @@ use super::hints::{ExitRecord, Hints, KernelExit, Reason};
 use crate::cache::PodCache;
 use crate::diagnostics::{Diagnostics, OomRecord};
 use crate::lock::lock;
-use crate::metrics::{Metrics, OomLabel};
+use crate::metrics::Metrics;
 
 /// Where the probes look and how the source reacts.
 #[derive(Debug, Clone)]
@@ -509,11 +509,7 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
                 .unwrap_or_default();
             ctx.metrics
                 .oom_kills
-                .get_or_create(&OomLabel {
-                    namespace: namespace.clone(),
-                    pod: pod.clone(),
-                    container: name.clone(),
-                })
+                .with_label_values(&[&namespace, &pod, &name])
                 .inc();
             ctx.diagnostics.oom(OomRecord {
                 namespace,

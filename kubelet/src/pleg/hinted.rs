@@ -312,9 +312,7 @@ impl Dispatcher {
         for r in std::iter::once(reason).chain(also) {
             self.metrics
                 .pleg_full_relists
-                .get_or_create(&crate::metrics::ReasonLabel {
-                    reason: r.label().into(),
-                })
+                .with_label_values(&[r.label()])
                 .inc();
         }
         if !matches!(reason, Reason::Periodic | Reason::Verification) {

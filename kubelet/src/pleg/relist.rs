@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::hints::ExitRecord;
 use super::{EventType, Health, PodLifecycleEvent};
 use crate::cache::CacheWriter;
-use crate::metrics::{Metrics, StateLabel};
+use crate::metrics::Metrics;
 use crate::pod::PodUid;
 use crate::runtime::{KernelMark, PodStatus, Runtime, RuntimePod, State};
 
@@ -238,9 +238,7 @@ impl Relister {
                 for (field, runtime, kernel) in disagree {
                     self.metrics
                         .pleg_runtime_disagreements
-                        .get_or_create(&crate::metrics::FieldLabel {
-                            field: field.into(),
-                        })
+                        .with_label_values(&[field])
                         .inc();
                     tracing::warn!(pod = %uid, container = %c.id, field, %runtime, %kernel, "the runtime disagrees with the kernel about an exit; the kernel's value stands");
                 }
@@ -590,9 +588,7 @@ impl Relister {
         for (state, n) in counts {
             self.metrics
                 .running_containers
-                .get_or_create(&StateLabel {
-                    container_state: state.into(),
-                })
+                .with_label_values(&[state])
                 .set(n);
         }
     }

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::diagnostics::{Event, EventRecorder};
 use crate::lock::lock;
-use crate::metrics::{Metrics, ProbeLabels, ProbeResultLabels};
+use crate::metrics::Metrics;
 use crate::pod::{self, PodUid};
 use crate::probe::{Outcome, PodProbes, ProbeKind, Verdict};
 pub use worker::{Instance, Target};
@@ -362,12 +362,12 @@ impl Task {
         let probes = &self.shared.metrics.probes;
         probes
             .total
-            .get_or_create(&self.result_labels(if healthy { "successful" } else { "failed" }))
+            .with_label_values(&self.result_labels(if healthy { "successful" } else { "failed" }))
             .inc();
         if healthy {
             probes
                 .duration
-                .get_or_create(&self.labels())
+                .with_label_values(&self.labels())
                 .observe(took.as_secs_f64());
         }
         let verdict = if healthy {
@@ -381,24 +381,27 @@ impl Task {
         }
     }
 
-    fn labels(&self) -> ProbeLabels {
-        ProbeLabels {
-            probe_type: self.worker.kind.as_str().into(),
-            container: self.container.name.clone(),
-            pod: pod::name(&self.pod).into(),
-            namespace: pod::namespace(&self.pod).into(),
-        }
+    /// `prober_probe_duration_seconds`' labels: probe_type, container, pod, namespace.
+    fn labels(&self) -> [&str; 4] {
+        [
+            self.worker.kind.as_str(),
+            &self.container.name,
+            pod::name(&self.pod),
+            pod::namespace(&self.pod),
+        ]
     }
 
-    fn result_labels(&self, result: &str) -> ProbeResultLabels {
-        ProbeResultLabels {
-            probe_type: self.worker.kind.as_str().into(),
-            result: result.into(),
-            container: self.container.name.clone(),
-            pod: pod::name(&self.pod).into(),
-            namespace: pod::namespace(&self.pod).into(),
-            pod_uid: self.uid.0.clone(),
-        }
+    /// `prober_probe_total`'s labels: probe_type, result, container, pod,
+    /// namespace, pod_uid.
+    fn result_labels<'a>(&'a self, result: &'a str) -> [&'a str; 6] {
+        [
+            self.worker.kind.as_str(),
+            result,
+            &self.container.name,
+            pod::name(&self.pod),
+            pod::namespace(&self.pod),
+            &self.uid.0,
+        ]
     }
 
     /// Forgets the task's verdict and metric series, and the task itself.
@@ -410,9 +413,11 @@ impl Task {
         }
         let probes = &self.shared.metrics.probes;
         for result in ["successful", "failed", "unknown"] {
-            probes.total.remove(&self.result_labels(result));
+            let _ = probes
+                .total
+                .remove_label_values(&self.result_labels(result));
         }
-        probes.duration.remove(&self.labels());
+        let _ = probes.duration.remove_label_values(&self.labels());
         lock(&self.shared.workers).remove(&(self.uid.clone(), self.container.name.clone(), kind));
     }
 }

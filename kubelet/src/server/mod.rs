@@ -55,6 +55,8 @@ pub struct Served {
     pub configz: serde_json::Value,
     /// Resource usage (`/stats/summary`, `/metrics/resource`).
     pub stats: crate::stats::StatsProvider,
+    /// The pods' volumes (`kubelet_volume_stats_*`).
+    pub volumes: crate::volume::VolumeManager,
 }
 
 impl Served {
@@ -155,8 +157,14 @@ async fn ooms(State(s): State<Arc<Served>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<Served>>) -> Response {
+    let claims = s.volumes.mounted_claims();
+    if let Ok(samples) =
+        tokio::task::spawn_blocking(move || crate::stats::claim_stats(&claims)).await
+    {
+        s.metrics.volume_stats.set(&samples);
+    }
     (
-        [("content-type", "text/plain; version=0.0.4")],
+        [("content-type", crate::metrics::CONTENT_TYPE)],
         s.metrics.encode(),
     )
         .into_response()
@@ -165,7 +173,7 @@ async fn metrics(State(s): State<Arc<Served>>) -> Response {
 /// The prober's metrics, apart from `/metrics` as upstream serves them.
 async fn probe_metrics(State(s): State<Arc<Served>>) -> Response {
     (
-        [("content-type", "text/plain; version=0.0.4")],
+        [("content-type", crate::metrics::CONTENT_TYPE)],
         s.metrics.probes.encode(),
     )
         .into_response()
@@ -255,7 +263,7 @@ pub fn router(served: Arc<Served>) -> Router {
         .with_state(served)
 }
 
-/// Binds `address` and serves until `shutdown`.
+/// Binds `address` and serves until `shutdown`; returns the bound address.
 ///
 /// # Errors
 /// If the address cannot be bound (names it).
@@ -263,17 +271,19 @@ pub async fn serve(
     address: SocketAddr,
     served: Arc<Served>,
     shutdown: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>, std::io::Error> {
+) -> Result<SocketAddr, std::io::Error> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
+    let address = listener.local_addr()?;
     tracing::info!(%address, "serving /healthz, /pods, /metrics");
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         let result = axum::serve(listener, read_only_router(served))
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
         if let Err(e) = result {
             tracing::error!(%e, "HTTP server failed");
         }
-    }))
+    });
+    Ok(address)
 }

@@ -15,6 +15,7 @@ use super::spec::{self, ContainerContext, NodeContext};
 use crate::backoff::Backoff;
 use crate::diagnostics::EventRecorder;
 use crate::lock::lock;
+use crate::metrics::Metrics;
 use crate::pod;
 use crate::probe::{PodProbes, ProbeKind};
 use crate::runtime::{Kind, PodStatus, State};
@@ -68,18 +69,21 @@ pub struct Syncer {
     /// Pod starts at once (`parallel_pod_starts`): a sync that creates a
     /// sandbox holds one until its containers are started.
     start_slots: tokio::sync::Semaphore,
+    /// `kubelet_started_*`.
+    pub(super) metrics: Arc<Metrics>,
 }
 
 impl Syncer {
     /// A syncer over `client` for node `node`, reading env objects from
     /// `objects`, mounting volumes with `volumes` and recording events in
-    /// `events`.
+    /// `events`, counting starts in `metrics`.
     pub fn new(
         client: RuntimeClient,
         node: NodeContext,
         objects: Arc<dyn EnvObjects>,
         volumes: Arc<VolumeManager>,
         events: Arc<dyn EventRecorder>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let pull_slots = tokio::sync::Semaphore::new(node_pulls(&node));
         let start_slots = tokio::sync::Semaphore::new(
@@ -99,7 +103,13 @@ impl Syncer {
             volumes,
             pull_slots,
             start_slots,
+            metrics,
         }
+    }
+
+    /// The pods' volumes.
+    pub fn volumes(&self) -> &VolumeManager {
+        &self.volumes
     }
 
     pub(super) fn event(
@@ -272,14 +282,20 @@ impl Syncer {
                 }
             };
             outcome.changed = true;
+            // Upstream counts the attempt, and a failure as an error.
+            self.metrics.started_pods.inc();
             let id = match self
                 .client
                 .run_pod_sandbox(sandbox_config.clone(), &handler)
                 .await
             {
                 Ok(id) => id,
-                Err(e) if e.is_retryable() => return Err(e.into()),
+                Err(e) if e.is_retryable() => {
+                    self.metrics.started_pods_errors.inc();
+                    return Err(e.into());
+                }
                 Err(e) => {
+                    self.metrics.started_pods_errors.inc();
                     self.pod_event(
                         pod,
                         "Warning",
@@ -334,7 +350,7 @@ impl Syncer {
                     (c, Kind::App)
                 }
             };
-            match self
+            let started = self
                 .start_container(
                     pod,
                     status,
@@ -346,8 +362,9 @@ impl Syncer {
                     &volumes,
                     &mut start_slot,
                 )
-                .await
-            {
+                .await;
+            self.count_start(kind, &started);
+            match started {
                 Ok(()) => outcome.changed = true,
                 Err(Start::Waiting(w, retry)) => {
                     tracing::info!(pod = %pod::key(pod), container = %c.name, reason = %w.reason, message = %w.message, "container not started");
@@ -364,6 +381,31 @@ impl Syncer {
             }
         }
         Ok(outcome)
+    }
+
+    /// `kubelet_started_containers_*` as upstream counts them: every attempt
+    /// past the crash-loop backoff, and a failure by its waiting reason
+    /// (`ErrImagePull`, `CreateContainerError`, `RunContainerError`, …).
+    fn count_start(&self, kind: Kind, started: &Result<(), Start>) {
+        let kind = crate::metrics::container_type(kind != Kind::App);
+        let code = match started {
+            Err(Start::Waiting(w, _)) if w.reason == "CrashLoopBackOff" => return,
+            Ok(()) => None,
+            Err(Start::Waiting(w, _)) => Some(w.reason.as_str()),
+            // The runtime failed in a way worth retrying at once: upstream
+            // would report the step's error; the start itself did not happen.
+            Err(Start::Runtime(_)) => Some("RunContainerError"),
+        };
+        self.metrics
+            .started_containers
+            .with_label_values(&[kind])
+            .inc();
+        if let Some(code) = code {
+            self.metrics
+                .started_containers_errors
+                .with_label_values(&[kind, code])
+                .inc();
+        }
     }
 
     #[expect(
@@ -742,6 +784,8 @@ impl Syncer {
         );
         // serializeImagePulls / maxParallelImagePulls.
         let _turn = self.pull_slots.acquire().await;
+        let uid = pod::uid(pod).0;
+        self.metrics.startup.pulling(&uid, crate::clock::unix_ns());
         let mut result = Err(evlet_cri::Error {
             call: "PullImage",
             object: Some(image.clone()),
@@ -773,6 +817,7 @@ impl Syncer {
                 break;
             }
         }
+        self.metrics.startup.pulled(&uid, crate::clock::unix_ns());
         match result {
             Ok(_) => {
                 lock(&self.pulls).forget_prefix(&key);

@@ -100,6 +100,19 @@ pub struct NodeFacts {
     pub recursive_read_only: bool,
 }
 
+/// A persistentVolumeClaim a pod's volume is set up from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountedClaim {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub claim: String,
+    /// Where the volume is on the host.
+    pub path: PathBuf,
+    /// A `local` PV (upstream measures those; a hostPath PV reports nothing).
+    pub local: bool,
+}
+
 /// The volume manager.
 #[derive(Debug, Clone)]
 pub struct VolumeManager {
@@ -108,6 +121,8 @@ pub struct VolumeManager {
     /// ConfigMaps, Secrets, tokens, claims: the API server, or none.
     sources: Arc<dyn VolumeSources>,
     node: NodeFacts,
+    /// The claims each pod's volumes are set up from, by pod UID.
+    claims: Arc<std::sync::Mutex<BTreeMap<String, Vec<MountedClaim>>>>,
 }
 
 /// A mount's CRI propagation.
@@ -153,7 +168,17 @@ impl VolumeManager {
             root,
             sources,
             node,
+            claims: Arc::default(),
         }
+    }
+
+    /// Every claim pods' volumes are set up from now.
+    pub fn mounted_claims(&self) -> Vec<MountedClaim> {
+        crate::lock::lock(&self.claims)
+            .values()
+            .flatten()
+            .cloned()
+            .collect()
     }
 
     /// `<root>/pods/<uid>`.
@@ -182,6 +207,8 @@ impl VolumeManager {
             .map(|m| m.name.as_str())
             .collect();
         let mut ready = BTreeMap::new();
+        let mut claims = Vec::new();
+        let namespace = crate::pod::namespace(pod);
         for v in pod
             .spec
             .iter()
@@ -189,6 +216,13 @@ impl VolumeManager {
             .filter(|v| used.contains(v.name.as_str()))
         {
             let inputs = plugins::gather(self.sources.as_ref(), pod, v).await?;
+            let claim = match (&inputs, &v.persistent_volume_claim) {
+                (plugins::Inputs::Claim { pv, .. }, Some(c)) => Some((
+                    c.claim_name.clone(),
+                    pv.spec.as_ref().is_some_and(|s| s.local.is_some()),
+                )),
+                _ => None,
+            };
             let node = self.node.clone();
             let dir = pod_dir.clone();
             let pod = pod.clone();
@@ -201,8 +235,17 @@ impl VolumeManager {
                 volume: v.name.clone(),
                 message: format!("set-up task failed: {e}"),
             })??;
+            if let Some((claim, local)) = claim {
+                claims.push(MountedClaim {
+                    namespace: namespace.to_owned(),
+                    claim,
+                    path: done.path.clone(),
+                    local,
+                });
+            }
             ready.insert(v.name.clone(), done);
         }
+        crate::lock::lock(&self.claims).insert(uid, claims);
         Ok(PodVolumes { pod_dir, ready })
     }
 
@@ -299,6 +342,7 @@ impl VolumeManager {
     /// files may be a volume's, as upstream refuses for "volume paths are
     /// still present on disk").
     pub fn tear_down(&self, uid: &str) -> std::io::Result<()> {
+        crate::lock::lock(&self.claims).remove(uid);
         let dir = self.pod_dir(uid);
         tear_down_dir(&dir)
     }

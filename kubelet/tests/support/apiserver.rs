@@ -693,6 +693,17 @@ impl MockApi {
 
     /// A kube client talking to this server in process.
     pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.service(), "default")
+    }
+
+    /// The server as an HTTP service (what a client is built over).
+    pub fn service(
+        &self,
+    ) -> tower::util::BoxCloneService<
+        http::Request<kube::client::Body>,
+        http::Response<axum::body::Body>,
+        std::io::Error,
+    > {
         let router = self.router();
         let outage = self.outage.subscribe();
         let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
@@ -711,7 +722,7 @@ impl MockApi {
                     .unwrap_or_else(|e: Infallible| match e {}))
             }
         });
-        kube::Client::new(svc, "default")
+        tower::util::BoxCloneService::new(svc)
     }
 
     /// Takes the server down (connections refused, watches cut) or up.

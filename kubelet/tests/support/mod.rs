@@ -36,6 +36,30 @@ pub struct Running {
     _stop_on_drop: tokio_util::sync::DropGuard,
 }
 
+/// A plain-HTTP GET with curl (the read-only port): status, content type, body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}\n%{content_type}",
+            &format!("http://{addr}{path}"),
+        ])
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (rest, content_type) = text.rsplit_once('\n').expect("content type");
+    let (body, code) = rest.rsplit_once('\n').expect("status");
+    (
+        code.parse().expect("code"),
+        content_type.to_owned(),
+        body.to_owned(),
+    )
+}
+
 pub fn mode() -> PlegMode {
     match std::env::var("EVLET_E2E_PLEG").as_deref() {
         Ok("ebpf") => PlegMode::Ebpf,

@@ -98,6 +98,7 @@ pub async fn rig_with(objects: Arc<dyn evlet::sync::objects::EnvObjects>) -> Rig
                     evlet::volume::NodeFacts::default(),
                 )),
                 Arc::clone(&diagnostics) as _,
+                Arc::clone(&metrics),
             )),
             cache: reader,
             metrics,
