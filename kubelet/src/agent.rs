@@ -137,7 +137,14 @@ pub async fn start(
         }
         None => (None, None),
     };
-    let diagnostics = Arc::new(Diagnostics::new(events_tx));
+    let diagnostics = Arc::new(Diagnostics::durable(
+        events_tx,
+        config.root_dir.join("diag"),
+    ));
+    let flusher = tokio::spawn(flush_diagnostics(
+        Arc::clone(&diagnostics),
+        shutdown.clone(),
+    ));
     let (writer, cache) = cache::new();
     let (pleg_tx, pleg_rx) = mpsc::channel::<PodLifecycleEvent>(CHANNEL_CAPACITY);
     let pleg = start_pleg(
@@ -290,7 +297,12 @@ pub async fn start(
         objects: objects_rx,
         refresh: refresh_rx,
     };
-    let task = tokio::spawn(sync_loop.run(inputs, shutdown));
+    // The agent's task ends once the sync loop stopped and the diagnostics
+    // were written a last time.
+    let task = tokio::spawn(async move {
+        sync_loop.run(inputs, shutdown).await;
+        let _ = flusher.await;
+    });
     Ok((handles, task))
 }
 
@@ -317,6 +329,25 @@ async fn connect_runtime(
         client,
         format!("{}://{}", version.runtime_name, version.runtime_version),
     ))
+}
+
+/// How often OOM records and pod timelines are written to `<root-dir>/diag`.
+const DIAGNOSTICS_FLUSH: Duration = Duration::from_secs(2);
+
+/// Writes the diagnostics every [`DIAGNOSTICS_FLUSH`], and once more at
+/// shutdown.
+async fn flush_diagnostics(diagnostics: Arc<Diagnostics>, shutdown: CancellationToken) {
+    loop {
+        let stopping = tokio::select! {
+            () = shutdown.cancelled() => true,
+            () = tokio::time::sleep(DIAGNOSTICS_FLUSH) => false,
+        };
+        let d = Arc::clone(&diagnostics);
+        let _ = tokio::task::spawn_blocking(move || d.flush()).await;
+        if stopping {
+            return;
+        }
+    }
 }
 
 /// The PLEG that got started.
@@ -359,6 +390,7 @@ async fn start_pleg(
         events,
         Arc::clone(metrics),
         Arc::clone(&health),
+        Arc::clone(diagnostics),
     );
     match &hints {
         None => {

@@ -41,3 +41,40 @@ pub fn remove(path: &str) {
         remove_tree(&root.join(rel));
     }
 }
+
+/// Where memory limits live: the v1 `memory` hierarchy (hybrid hosts, as
+/// these development machines) or a cgroup2 mount with the memory controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoryHierarchy {
+    /// cgroup v1 `memory` controller at this root.
+    V1(PathBuf),
+    /// cgroup v2 at this root.
+    V2(PathBuf),
+}
+
+/// The host's memory hierarchy, if any.
+pub fn memory_hierarchy() -> Option<MemoryHierarchy> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut v2 = None;
+    for line in text.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut r = right.split_whitespace();
+        let fstype = r.next().unwrap_or("");
+        let options = r.nth(1).unwrap_or("");
+        let Some(root) = left.split_whitespace().nth(4).map(PathBuf::from) else {
+            continue;
+        };
+        if fstype == "cgroup" && options.split(',').any(|o| o == "memory") {
+            return Some(MemoryHierarchy::V1(root));
+        }
+        if fstype == "cgroup2"
+            && std::fs::read_to_string(root.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+        {
+            v2 = Some(MemoryHierarchy::V2(root));
+        }
+    }
+    v2
+}

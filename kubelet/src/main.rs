@@ -4,12 +4,17 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod diag_cli;
+
 use anyhow::{Context as _, Result};
 use clap::Parser;
 use evlet::config::{self, Config, KubeletConfiguration, LogFormat, PlegMode};
 use tokio_util::sync::CancellationToken;
 
 /// evlet: a Kubernetes node agent whose PLEG is driven by eBPF.
+///
+/// `evlet diag oom|pleg|pod` reads a running agent's diagnostics (see
+/// `evlet diag --help`).
 #[derive(Debug, Parser)]
 #[command(name = "evlet", version)]
 struct Flags {
@@ -243,6 +248,10 @@ async fn trim_heap() {
 }
 
 fn main() -> Result<()> {
+    // `evlet diag …` is a client of a running agent, not an agent.
+    if std::env::args().nth(1).as_deref() == Some("diag") {
+        return diag_cli::main(std::env::args().skip(1).collect());
+    }
     let (args, ignored) =
         config::compat_args(std::env::args().collect()).map_err(anyhow::Error::msg)?;
     let flags = Flags::parse_from(args);

@@ -387,6 +387,15 @@ impl SyncLoop {
     }
 
     fn handle_pleg(&mut self, event: PodLifecycleEvent) {
+        self.served.diagnostics.trace(
+            &event.uid.0,
+            crate::diagnostics::Source::Pleg,
+            format!(
+                "{:?} {}",
+                event.kind,
+                event.data.get(..13).unwrap_or(&event.data)
+            ),
+        );
         if event.kind == crate::pleg::EventType::ContainerRemoved {
             return;
         }
@@ -400,6 +409,16 @@ impl SyncLoop {
     /// liveness or startup probe, and the status shows readiness. A liveness
     /// success changes nothing.
     fn handle_probe(&mut self, update: ProbeUpdate) {
+        self.served.diagnostics.trace(
+            &update.uid.0,
+            crate::diagnostics::Source::Probe,
+            format!(
+                "{} probe of {}: {:?}",
+                update.kind.as_str(),
+                update.container,
+                update.verdict
+            ),
+        );
         if update.kind == ProbeKind::Liveness && update.verdict == Verdict::Success {
             return;
         }

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Retry;
 use crate::cache::PodCache;
+use crate::diagnostics::Source;
 use crate::lock::lock;
 use crate::metrics::Metrics;
 use crate::pleg::hints::Hints;
@@ -140,6 +141,39 @@ struct Shared {
 #[derive(Debug, Clone)]
 pub struct PodWorkers {
     shared: Arc<Shared>,
+}
+
+/// A pod status in one line: the phase and each container's state.
+fn status_summary(s: &V1PodStatus) -> String {
+    let state = |c: &k8s_openapi::api::core::v1::ContainerStatus| {
+        let st = c.state.as_ref();
+        if let Some(t) = st.and_then(|s| s.terminated.as_ref()) {
+            format!(
+                "{} terminated ({}, exit {})",
+                c.name,
+                t.reason.as_deref().unwrap_or(""),
+                t.exit_code
+            )
+        } else if let Some(w) = st.and_then(|s| s.waiting.as_ref()) {
+            format!("{} waiting ({})", c.name, w.reason.as_deref().unwrap_or(""))
+        } else if st.and_then(|s| s.running.as_ref()).is_some() {
+            format!("{} running{}", c.name, if c.ready { ", ready" } else { "" })
+        } else {
+            format!("{} unknown", c.name)
+        }
+    };
+    let containers: Vec<String> = s
+        .init_container_statuses
+        .iter()
+        .chain(s.container_statuses.iter())
+        .flatten()
+        .map(state)
+        .collect();
+    format!(
+        "{}: {}",
+        s.phase.as_deref().unwrap_or("Unknown"),
+        containers.join("; ")
+    )
 }
 
 fn now_time() -> Time {
@@ -350,6 +384,14 @@ impl Worker {
         };
         let computed = status::compute(pod, runtime, &extra);
         self.observe_start(memo.as_ref(), pod, &computed);
+        let summary = status_summary(&computed);
+        if memo
+            .as_ref()
+            .and_then(|m| m.status.as_ref())
+            .is_none_or(|before| status_summary(before) != summary)
+        {
+            self.shared.syncer.trace(pod, Source::Status, summary);
+        }
         self.shared
             .prober
             .observe(&self.uid, probe_target(pod, runtime, &computed));
@@ -417,6 +459,7 @@ impl Worker {
                     operation = "update";
                 } else if pod.is_none() {
                     self.shared.metrics.startup.seen(&p.pod);
+                    self.shared.syncer.name_pod(&p.pod);
                 }
                 if let Some(grace) = p.kill {
                     let mut phase = lock(&self.phase);
@@ -512,6 +555,20 @@ impl Worker {
                         .pod_worker_duration
                         .with_label_values(&[operation])
                         .observe(started.elapsed().as_secs_f64());
+                    let took = started.elapsed().as_millis();
+                    match &result {
+                        Ok(o) if o.changed => self.shared.syncer.trace(
+                            &current,
+                            Source::Sync,
+                            format!("sync ({operation}) acted in {took} ms"),
+                        ),
+                        Ok(_) => {}
+                        Err(e) => self.shared.syncer.trace(
+                            &current,
+                            Source::Sync,
+                            format!("sync ({operation}) failed after {took} ms: {e}"),
+                        ),
+                    }
                     operation = "sync";
                     let (delay, changed) = match result {
                         Ok(SyncOutcome {
@@ -558,6 +615,14 @@ impl Worker {
                         .pod_worker_duration
                         .with_label_values(&["kill"])
                         .observe(started.elapsed().as_secs_f64());
+                    self.shared.syncer.trace(
+                        &current,
+                        Source::Sync,
+                        match &result {
+                            Ok(()) => format!("kill done in {} ms", started.elapsed().as_millis()),
+                            Err(e) => format!("kill failed: {e}"),
+                        },
+                    );
                     self.sync_finished(true);
                     last_sync = Some(Instant::now());
                     match result {

@@ -261,6 +261,10 @@ async fn the_http_endpoint_serves_health_metrics_pods_and_oom_records() {
             shmem_rss_kb: Some(0),
             total_vm_kb: Some(2048),
             oom_score_adj: 1000,
+            victim_is_init: Some(true),
+            limit_hit: Some("pod".into()),
+            memcg_limit_bytes: Some(64 << 20),
+            levels: Vec::new(),
             time: "2026-11-23T00:00:00Z".into(),
         });
     let (_, ooms) = get(&agent, "/debug/oom").await;
@@ -270,6 +274,10 @@ async fn the_http_endpoint_serves_health_metrics_pods_and_oom_records() {
     let (_, events) = get(&agent, "/events").await;
     assert!(
         events.contains("OOMKilling") && events.contains("pid 42 (hog)"),
+        "{events}"
+    );
+    assert!(
+        events.contains("pod memory limit 67108864 bytes hit"),
         "{events}"
     );
 }

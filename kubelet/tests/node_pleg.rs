@@ -691,3 +691,145 @@ async fn an_init_oom_kill_is_oom_killed_from_the_kernel() {
     })
     .await;
 }
+
+/// `evlet diag -o json …` against `agent`: the parsed JSON.
+async fn diag(agent: &Running, args: &[&str]) -> serde_json::Value {
+    let address = agent.handles.address.to_string();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_evlet"))
+        .args(["diag", "--address", &address, "-o", "json"])
+        .args(args)
+        .output()
+        .await
+        .expect("evlet diag");
+    assert!(
+        out.status.success(),
+        "evlet diag {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// `evlet diag` reads a live agent after an init OOM kill and a SIGKILL: the
+/// OOM record names the victim as the container's init and the container's
+/// limit as the one hit; the PLEG view counts hints; the killed pod's
+/// timeline runs kill → kernel → PLEG → status → restart. All of it
+/// survives an agent restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn evlet_diag_shows_the_oom_kill_and_timeline_across_a_restart() {
+    e2e(
+        "evlet_diag_shows_the_oom_kill_and_timeline_across_a_restart",
+        |w| async move {
+            w.write(
+                "oom.yaml",
+                &format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: diagoom}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: hog\n    image: {IMAGE}\n    command: [/bin/memhog, '200']\n    resources: {{limits: {{memory: 32Mi}}}}\n"
+                ),
+            );
+            w.write("sleeper.yaml", &sleeper("diagkill", 1, "Always"));
+            let agent = w.start_with(ebpf(&w)).await;
+            let oom_pod = w.pod_name("diagoom");
+            let kill_pod = w.pod_name("diagkill");
+            agent
+                .wait_status(&oom_pod, "the OOM kill", Duration::from_secs(60), |s| {
+                    container(s, "hog")?.state.clone()?.terminated
+                })
+                .await;
+            agent
+                .wait_status(&kill_pod, "c0 running", Duration::from_secs(60), |s| {
+                    running(s, "c0").then_some(())
+                })
+                .await;
+            kill(&w, &agent, &kill_pod, "c0").await;
+            agent
+                .wait_status(&kill_pod, "c0 restarted", Duration::from_secs(30), |s| {
+                    let c = container(s, "c0")?;
+                    (c.restart_count == 1 && running(s, "c0")).then_some(())
+                })
+                .await;
+
+            let check_oom = |ooms: serde_json::Value| {
+                let hog = ooms
+                    .as_array()
+                    .expect("array")
+                    .iter()
+                    .find(|o| o["pod"] == oom_pod.as_str() && o["container"] == "hog")
+                    .cloned()
+                    .unwrap_or_else(|| panic!("no OOM record of hog: {ooms}"));
+                assert_eq!(hog["comm"], "memhog");
+                assert_eq!(hog["victimIsInit"], true, "{hog}");
+                assert_eq!(hog["limitHit"], "container", "{hog}");
+                assert_eq!(hog["memcgLimitBytes"], 32 << 20, "{hog}");
+                assert!(hog["anonRssKb"].as_u64().is_some_and(|kb| kb > 1000), "{hog}");
+            };
+            check_oom(diag(&agent, &["oom"]).await);
+            let only = diag(&agent, &["oom", "--pod", &format!("default/{kill_pod}")]).await;
+            assert_eq!(only, serde_json::json!([]), "--pod filters");
+
+            let pleg = diag(&agent, &["pleg"]).await;
+            assert_eq!(pleg["mode"], "ebpf");
+            assert_eq!(pleg["unhealthy"], serde_json::Value::Null);
+            assert!(pleg["hintLatency"]["count"].as_u64() >= Some(2), "{pleg}");
+            assert_eq!(pleg["ringbufLost"], 0);
+            assert!(
+                pleg["podRelists"][format!("default/{kill_pod}")].as_u64() >= Some(1),
+                "{pleg}"
+            );
+
+            let sources_in_order = |timeline: &serde_json::Value| -> Vec<String> {
+                let entries = timeline["entries"].as_array().expect("entries");
+                let at = |pred: &dyn Fn(&serde_json::Value) -> bool| {
+                    entries.iter().position(pred)
+                };
+                let kernel = at(&|e| {
+                    e["source"] == "kernel"
+                        && e["what"].as_str().is_some_and(|w| w.contains("exited with code 137"))
+                })
+                .unwrap_or_else(|| panic!("no kernel exit: {timeline}"));
+                let died = at(&|e| {
+                    e["source"] == "pleg"
+                        && e["what"].as_str().is_some_and(|w| w.starts_with("ContainerDied"))
+                })
+                .unwrap_or_else(|| panic!("no ContainerDied: {timeline}"));
+                let restarted = entries
+                    .iter()
+                    .skip(kernel)
+                    .position(|e| {
+                        e["source"] == "event"
+                            && e["what"].as_str().is_some_and(|w| w.contains("Started"))
+                    })
+                    .unwrap_or_else(|| panic!("no restart after the kill: {timeline}"));
+                assert!(kernel <= died, "the kernel first: {timeline}");
+                assert!(restarted > 0);
+                entries
+                    .iter()
+                    .filter_map(|e| e["source"].as_str().map(str::to_owned))
+                    .collect()
+            };
+            let timeline = diag(&agent, &["pod", &format!("default/{kill_pod}")]).await;
+            let sources = sources_in_order(&timeline);
+            for s in ["kernel", "pleg", "sync", "status", "event", "cri"] {
+                assert!(sources.iter().any(|x| x == s), "no {s} entry: {timeline}");
+            }
+
+            // The human table shows the same timeline.
+            let table = tokio::process::Command::new(env!("CARGO_BIN_EXE_evlet"))
+                .args(["diag", "--address", &agent.handles.address.to_string()])
+                .args(["pod", &format!("default/{kill_pod}")])
+                .output()
+                .await
+                .expect("evlet diag");
+            let table = String::from_utf8_lossy(&table.stdout);
+            assert!(table.contains("SOURCE") && table.contains("exited with code 137"), "{table}");
+
+            // A restarted agent still has them.
+            agent.stop().await;
+            let agent = w.start_with(ebpf(&w)).await;
+            check_oom(diag(&agent, &["oom"]).await);
+            let after = diag(&agent, &["pod", &format!("default/{kill_pod}")]).await;
+            sources_in_order(&after);
+            assert_eq!(after["uid"], timeline["uid"]);
+            agent.stop().await;
+        },
+    )
+    .await;
+}

@@ -156,6 +156,7 @@ async fn rig_with(exit_lag: Duration, source: Source) -> Rig {
         events,
         Arc::clone(&metrics),
         Arc::new(Health::default()),
+        Arc::new(evlet::diagnostics::Diagnostics::default()),
     );
     let kernel = Arc::new(std::sync::Mutex::new(Kernel::Normal));
     match source {

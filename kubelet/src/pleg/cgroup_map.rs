@@ -24,6 +24,9 @@ pub struct Owner {
     /// The init is certain: PID 1 of its own PID namespace (not merely the
     /// first process that exec'd in the cgroup).
     pub init_exact: bool,
+    /// The cgroup's path (relative to the cgroup2 mount; the same in every
+    /// hierarchy with the cgroupfs driver).
+    pub path: String,
 }
 
 /// Parses a cgroup path into pod UID and container ID (cgroupfs or systemd layout).
@@ -79,6 +82,7 @@ impl CgroupMap {
                 container,
                 init: None,
                 init_exact: false,
+                path: path.to_owned(),
             },
         );
         self.by_id.get(&id)

@@ -396,6 +396,11 @@ impl ReaderState {
     }
 }
 
+/// The first 13 characters of a container ID (as `crictl` shows them).
+fn short(id: &str) -> &str {
+    id.get(..13).unwrap_or(id)
+}
+
 /// Finds an unknown cgroup by its ID under the pods' root (rare: a cgroup made
 /// before the probes or while the reader was down).
 fn lookup(ctx: &Ctx, id: u64) -> bool {
@@ -473,6 +478,26 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
                     exact,
                 }) => {
                     let exit = state.kernel_exit(&e, exact);
+                    let what = match &exit.record {
+                        Some(r) => format!(
+                            "init (pid {}) of container {} exited with code {}{}",
+                            e.origin.tgid,
+                            short(&container),
+                            r.exit_code,
+                            if r.oom {
+                                ", killed by the OOM killer"
+                            } else {
+                                ""
+                            }
+                        ),
+                        None => format!(
+                            "init (pid {}) of container {} exited (not certainly the container's init)",
+                            e.origin.tgid,
+                            short(&container)
+                        ),
+                    };
+                    ctx.diagnostics
+                        .trace(&uid.0, crate::diagnostics::Source::Kernel, what);
                     ctx.hints.exit(uid, container, exit);
                 }
                 Some(ExitHint::BeforeInit(uid)) => ctx.hints.pod(uid, Some(e.origin.ktime_ns)),
@@ -511,6 +536,10 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
                 .oom_kills
                 .with_label_values(&[&namespace, &pod, &name])
                 .inc();
+            let levels = crate::diagnostics::memcg::hierarchy()
+                .map(|h| crate::diagnostics::memcg::read(h, &owner.path, &ctx.setup.prefix))
+                .unwrap_or_default();
+            let hit = ctx.diagnostics.limit_hit(&levels);
             ctx.diagnostics.oom(OomRecord {
                 namespace,
                 pod,
@@ -526,6 +555,10 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
                 shmem_rss_kb: o.rss.map(|r| r.shmem_rss_kb),
                 total_vm_kb: o.rss.map(|r| r.total_vm_kb),
                 oom_score_adj: o.oom_score_adj,
+                victim_is_init: owner.init.map(|init| init == o.origin.tgid),
+                memcg_limit_bytes: hit.as_ref().and_then(|l| l.limit_bytes),
+                limit_hit: hit.map(|l| l.level),
+                levels,
                 time: crate::clock::now().0.to_string(),
             });
             ctx.hints.pod(owner.uid, Some(o.origin.ktime_ns));

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::hints::ExitRecord;
 use super::{EventType, Health, PodLifecycleEvent};
 use crate::cache::CacheWriter;
+use crate::diagnostics::Diagnostics;
 use crate::metrics::Metrics;
 use crate::pod::PodUid;
 use crate::runtime::{KernelMark, PodStatus, Runtime, RuntimePod, State};
@@ -148,6 +149,8 @@ pub struct Relister {
     events: mpsc::Sender<PodLifecycleEvent>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    /// Counts single-pod relists per pod (`evlet diag pleg`).
+    diagnostics: Arc<Diagnostics>,
     last_full: Option<Instant>,
     /// Exits the kernel reported for certain, by container (or sandbox) ID:
     /// overlaid on every runtime read until the container is gone (design
@@ -187,8 +190,10 @@ impl Relister {
         events: mpsc::Sender<PodLifecycleEvent>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
+        diagnostics: Arc<Diagnostics>,
     ) -> Self {
         Self {
+            diagnostics,
             runtime,
             cache,
             records: BTreeMap::new(),
@@ -526,6 +531,7 @@ impl Relister {
         self.metrics
             .pleg_pod_relist_duration
             .observe(start.elapsed().as_secs_f64());
+        self.diagnostics.relisted(&uid.0);
         Ok(PodRelist { changed, status })
     }
 

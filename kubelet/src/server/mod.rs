@@ -2,12 +2,15 @@
 //! upstream's `readOnlyPort`): `/healthz`, `/pods` (a `v1.PodList` with
 //! statuses), `/metrics` (Prometheus text; the prober's on `/metrics/probes`),
 //! `/events` (pod events, e.g. OOM kills with the kernel's record),
-//! `/debug/oom` (the kernel's OOM records); the operator endpoints answer
+//! `/debug/oom` (the kernel's OOM records), `/debug/pleg` and
+//! `/debug/pods/{namespace}/{name}/timeline` (`debug`, what `evlet diag`
+//! reads); the operator endpoints answer
 //! there that debug endpoints are disabled. The secured port (`secure`: TLS,
 //! `auth`) serves all of that and container logs (`logs`), exec, attach and
 //! port-forward (`streaming`).
 
 pub mod auth;
+pub mod debug;
 pub mod logs;
 pub mod secure;
 pub mod streaming;
@@ -260,6 +263,11 @@ pub fn router(served: Arc<Served>) -> Router {
         .route("/stats/summary", get(stats_summary).post(stats_summary))
         .route("/events", get(events))
         .route("/debug/oom", get(ooms))
+        .route("/debug/pleg", get(debug::pleg))
+        .route(
+            "/debug/pods/{namespace}/{name}/timeline",
+            get(debug::timeline),
+        )
         .with_state(served)
 }
 

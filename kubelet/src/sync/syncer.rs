@@ -107,6 +107,17 @@ impl Syncer {
         }
     }
 
+    /// Adds to `pod`'s timeline (`evlet diag pod`).
+    pub fn trace(&self, pod: &Pod, source: crate::diagnostics::Source, what: String) {
+        self.events.trace(&pod::uid(pod).0, source, what);
+    }
+
+    /// Names `pod`'s timeline.
+    pub fn name_pod(&self, pod: &Pod) {
+        self.events
+            .name_pod(&pod::uid(pod).0, pod::namespace(pod), pod::name(pod));
+    }
+
     /// The pods' volumes.
     pub fn volumes(&self) -> &VolumeManager {
         &self.volumes
@@ -284,6 +295,7 @@ impl Syncer {
             outcome.changed = true;
             // Upstream counts the attempt, and a failure as an error.
             self.metrics.started_pods.inc();
+            let asked = Instant::now();
             let id = match self
                 .client
                 .run_pod_sandbox(sandbox_config.clone(), &handler)
@@ -307,6 +319,15 @@ impl Syncer {
                 }
             };
             tracing::info!(pod = %pod::key(pod), sandbox = %id.short(), attempt = actions.attempt, "sandbox started");
+            self.trace(
+                pod,
+                crate::diagnostics::Source::Cri,
+                format!(
+                    "RunPodSandbox: sandbox {} ready in {} ms",
+                    id.short(),
+                    asked.elapsed().as_millis()
+                ),
+            );
             id
         } else {
             match actions.sandbox.clone() {

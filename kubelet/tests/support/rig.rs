@@ -61,6 +61,7 @@ pub async fn rig_with(objects: Arc<dyn evlet::sync::objects::EnvObjects>) -> Rig
         events,
         Arc::clone(&metrics),
         Arc::new(Health::default()),
+        Arc::new(evlet::diagnostics::Diagnostics::default()),
     );
     tokio::spawn(generic::run(
         relister,

@@ -1,21 +1,34 @@
-//! OOM diagnostics and Kubernetes-style events kept by the agent.
+//! OOM diagnostics, pod timelines and Kubernetes-style events kept by the agent.
 //!
-//! The kernel's OOM record (victim, RSS, time) is kept here and attached to a
-//! Warning event about the pod; the container's `OOMKilled` reason in the pod
-//! status comes from the kernel's exit record of its init (design invariant 1,
-//! revised), not from here. `/events` and `/debug/oom` serve these; the
-//! API-server mode also posts the events.
+//! The kernel's OOM record (victim, RSS, the memory limit it hit, time) is
+//! kept here and attached to a Warning event about the pod; the container's
+//! `OOMKilled` reason in the pod status comes from the kernel's exit record of
+//! its init (design invariant 1, revised), not from here. `/events`,
+//! `/debug/oom` and `/debug/pods/…/timeline` serve these (and `evlet diag`
+//! reads them); the API-server mode also posts the events.
+//!
+//! Map: [`timeline`] keeps each pod's timeline (pure); [`memcg`] reads and
+//! decides which cgroup level's memory limit an OOM kill hit; [`store`] writes
+//! OOM records and timelines under `<root-dir>/diag` so they survive a restart.
 
-use std::collections::VecDeque;
+pub mod memcg;
+pub mod store;
+pub mod timeline;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+pub use timeline::Source;
 
 /// How many records and events are kept (oldest dropped first).
 pub const KEEP: usize = 1000;
 
 /// What the kernel told about one OOM kill.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct OomRecord {
     /// Pod namespace (empty if the cgroup was not a pod's).
@@ -46,6 +59,20 @@ pub struct OomRecord {
     pub total_vm_kb: Option<u64>,
     /// `oom_score_adj` of the victim.
     pub oom_score_adj: i32,
+    /// Whether the victim was the container's init (its death ends the
+    /// container) or another of its processes (`None`: init not known).
+    #[serde(default)]
+    pub victim_is_init: Option<bool>,
+    /// The level whose memory limit was hit (`container`, `pod`, `qos`,
+    /// `node`), if the counters tell.
+    #[serde(default)]
+    pub limit_hit: Option<String>,
+    /// That level's memory limit in bytes.
+    #[serde(default)]
+    pub memcg_limit_bytes: Option<u64>,
+    /// Every level's limit and failure counter when the kill was seen.
+    #[serde(default)]
+    pub levels: Vec<memcg::Level>,
     /// When (RFC 3339).
     pub time: String,
 }
@@ -59,8 +86,18 @@ impl OomRecord {
             }
             _ => String::new(),
         };
+        let limit = match (&self.limit_hit, self.memcg_limit_bytes) {
+            (Some(level), Some(bytes)) => format!(", {level} memory limit {bytes} bytes hit"),
+            (Some(level), None) => format!(", {level} memory limit hit"),
+            _ => String::new(),
+        };
+        let victim = match self.victim_is_init {
+            Some(true) => " (the container's init)",
+            Some(false) => " (not the container's init)",
+            None => "",
+        };
         format!(
-            "container {} OOM-killed: pid {} ({}){rss}, oom_score_adj {}",
+            "container {} OOM-killed: pid {} ({}){victim}{rss}{limit}, oom_score_adj {}",
             if self.container.is_empty() {
                 "?"
             } else {
@@ -150,11 +187,30 @@ pub trait EventRecorder: Send + Sync + std::fmt::Debug {
     /// Records `event`. Never blocks and never fails: a recorder that cannot
     /// keep up drops events, it does not slow the caller down.
     fn record(&self, event: Event);
+
+    /// Adds to the timeline of the pod `uid` (`evlet diag pod`). Never blocks
+    /// on IO; a recorder without timelines ignores it.
+    fn trace(&self, uid: &str, source: Source, what: String) {
+        let _ = (uid, source, what);
+    }
+
+    /// Names the timeline of the pod `uid`.
+    fn name_pod(&self, uid: &str, namespace: &str, name: &str) {
+        let _ = (uid, namespace, name);
+    }
 }
 
 impl EventRecorder for Diagnostics {
     fn record(&self, event: Event) {
         self.event(event);
+    }
+
+    fn trace(&self, uid: &str, source: Source, what: String) {
+        Diagnostics::trace(self, uid, source, what);
+    }
+
+    fn name_pod(&self, uid: &str, namespace: &str, name: &str) {
+        crate::lock::lock(&self.timelines).name(uid, namespace, name);
     }
 }
 
@@ -163,8 +219,15 @@ impl EventRecorder for Diagnostics {
 pub struct Diagnostics {
     ooms: Mutex<VecDeque<OomRecord>>,
     events: Mutex<VecDeque<Event>>,
+    timelines: Mutex<timeline::Timelines>,
+    /// Memory-limit failure counters at the last OOM kill, by cgroup path.
+    memcg_seen: Mutex<HashMap<String, u64>>,
     /// Where events also go (the API server's event recorder), if joined.
     sink: Option<tokio::sync::mpsc::Sender<Event>>,
+    /// `<root-dir>/diag`, where [`Diagnostics::flush`] writes.
+    dir: Option<PathBuf>,
+    /// OOM records changed since the last flush.
+    ooms_dirty: AtomicBool,
 }
 
 fn push<T>(q: &Mutex<VecDeque<T>>, v: T) {
@@ -184,6 +247,71 @@ impl Diagnostics {
         }
     }
 
+    /// Records kept here and, by [`Diagnostics::flush`], in `dir`; what an
+    /// earlier run left there is loaded.
+    pub fn durable(sink: Option<tokio::sync::mpsc::Sender<Event>>, dir: PathBuf) -> Self {
+        let (ooms, pods) = store::load(&dir);
+        if !ooms.is_empty() || !pods.is_empty() {
+            tracing::info!(dir = %dir.display(), ooms = ooms.len(), pods = pods.len(), "loaded the diagnostics of the last run");
+        }
+        Self {
+            sink,
+            ooms: Mutex::new(ooms.into_iter().rev().take(KEEP).rev().collect()),
+            timelines: Mutex::new(timeline::Timelines::from_loaded(pods)),
+            dir: Some(dir),
+            ..Self::default()
+        }
+    }
+
+    /// Writes what changed since the last flush (blocking IO: call it off
+    /// the runtime's threads). Failures are logged; records stay in memory.
+    pub fn flush(&self) {
+        let Some(dir) = &self.dir else { return };
+        if self.ooms_dirty.swap(false, Ordering::Relaxed)
+            && let Err(e) = store::save_ooms(dir, &self.ooms())
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot write the OOM records");
+        }
+        let (changed, dropped) = crate::lock::lock(&self.timelines).take_changes();
+        for pod in &changed {
+            if let Err(e) = store::save_pod(dir, pod) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot write a pod timeline");
+                break;
+            }
+        }
+        for uid in dropped {
+            store::remove_pod(dir, &uid);
+        }
+    }
+
+    /// Adds to the timeline of the pod `uid`, now.
+    pub fn trace(&self, uid: &str, source: Source, what: String) {
+        crate::lock::lock(&self.timelines).record(uid, crate::clock::unix_ns(), source, what);
+    }
+
+    /// Counts a single-pod relist of `uid`.
+    pub fn relisted(&self, uid: &str) {
+        crate::lock::lock(&self.timelines).relisted(uid);
+    }
+
+    /// The timeline of `namespace/name`.
+    pub fn timeline(&self, namespace: &str, name: &str) -> Option<timeline::PodTimeline> {
+        crate::lock::lock(&self.timelines)
+            .find(namespace, name)
+            .cloned()
+    }
+
+    /// Single-pod relists per pod with a timeline.
+    pub fn pod_relists(&self) -> Vec<(String, u64)> {
+        crate::lock::lock(&self.timelines).relists()
+    }
+
+    /// Which level of `levels` an OOM kill hit, from the failure counters
+    /// since the last kill.
+    pub fn limit_hit(&self, levels: &[memcg::Level]) -> Option<memcg::Level> {
+        memcg::hit(levels, &mut crate::lock::lock(&self.memcg_seen))
+    }
+
     /// Records an OOM kill and the Warning event about it.
     pub fn oom(&self, record: OomRecord) {
         tracing::warn!(pod = %format!("{}/{}", record.namespace, record.pod), container = %record.container, "{}", record.message());
@@ -198,7 +326,9 @@ impl Diagnostics {
             field_path: Some(format!("spec.containers{{{}}}", record.container)),
             time: record.time.clone(),
         });
+        self.trace(&record.pod_uid, Source::Kernel, record.message());
         push(&self.ooms, record);
+        self.ooms_dirty.store(true, Ordering::Relaxed);
     }
 
     /// Records an event (and hands it to the API recorder, if any; when that
@@ -207,6 +337,11 @@ impl Diagnostics {
         if let Some(sink) = &self.sink {
             let _ = sink.try_send(event.clone());
         }
+        self.trace(
+            &event.pod_uid,
+            Source::Event,
+            format!("{} {}: {}", event.kind, event.reason, event.message),
+        );
         push(&self.events, event);
     }
 
