@@ -451,15 +451,16 @@ impl Worker {
         // Set when the current phase must run without waiting (a phase changed).
         let mut run_now = false;
         // Upstream's update type of the next sync, for its duration metric:
-        // `create` first, `update` after a new spec, else `sync`.
+        // `create` first, `update` after a changed pod, else `sync` (PLEG
+        // events, probes, the resync timer).
         let mut operation = "create";
         loop {
             if let Some(p) = self.take() {
-                if operation != "create" {
-                    operation = "update";
-                } else if pod.is_none() {
+                if pod.is_none() {
                     self.shared.metrics.startup.seen(&p.pod);
                     self.shared.syncer.name_pod(&p.pod);
+                } else if operation != "create" && pod.as_deref() != Some(&p.pod) {
+                    operation = "update";
                 }
                 if let Some(grace) = p.kill {
                     let mut phase = lock(&self.phase);
