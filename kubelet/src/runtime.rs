@@ -94,6 +94,10 @@ pub struct ContainerStatus {
     pub hash: String,
     /// Restart count at creation (annotation; survives agent restarts).
     pub restart_count: u32,
+    /// The pod's termination grace period when the container was created
+    /// (its `io.kubernetes.pod.terminationGracePeriod` annotation), for
+    /// killing it without the pod's spec.
+    pub grace_period: Option<i64>,
     /// The kernel reported this container's end: `exit_code`, `finished_at`
     /// and `reason` are the kernel's (see `pleg::relist`).
     pub kernel: Option<KernelMark>,
@@ -380,6 +384,10 @@ impl Runtime {
                     .get(labels::RESTART_COUNT)
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0),
+                grace_period: s
+                    .annotations
+                    .get(labels::GRACE_PERIOD)
+                    .and_then(|v| v.parse().ok()),
                 kernel: None,
             });
         }

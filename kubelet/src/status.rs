@@ -473,6 +473,7 @@ mod tests {
             image_ref: "sha256:x".into(),
             hash: String::new(),
             restart_count,
+            grace_period: None,
             kernel: None,
         }
     }

@@ -502,9 +502,57 @@ fn orphan_pod(status: &crate::runtime::PodStatus) -> Pod {
     pod.metadata.uid = Some(status.uid.0.clone());
     pod.metadata.annotations =
         Some([(labels::CONFIG_SOURCE.to_owned(), "orphan".to_owned())].into());
+    // Upstream restores the grace period from the containers' annotations;
+    // 30 s (the API default) when none says.
+    let grace = status
+        .containers
+        .iter()
+        .filter_map(|c| c.grace_period)
+        .max()
+        .unwrap_or(30);
     pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
-        termination_grace_period_seconds: Some(30),
+        termination_grace_period_seconds: Some(grace),
         ..Default::default()
     });
     pod
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{ContainerStatus, Kind, PodStatus, State};
+
+    fn container(grace: Option<i64>) -> ContainerStatus {
+        ContainerStatus {
+            id: evlet_cri::ContainerId::new("c"),
+            name: "app".into(),
+            kind: Kind::App,
+            state: State::Running,
+            created_at: 1,
+            started_at: 1,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+            image_ref: String::new(),
+            hash: String::new(),
+            restart_count: 0,
+            grace_period: grace,
+            kernel: None,
+        }
+    }
+
+    #[test]
+    fn an_orphan_is_killed_with_the_grace_period_its_containers_were_made_with() {
+        let grace = |containers: Vec<ContainerStatus>| {
+            let mut status = PodStatus::empty(PodUid("u".into()));
+            status.containers = containers;
+            orphan_pod(&status)
+                .spec
+                .and_then(|s| s.termination_grace_period_seconds)
+        };
+        assert_eq!(grace(vec![container(Some(1))]), Some(1));
+        assert_eq!(grace(vec![container(None)]), Some(30), "the API default");
+    }
 }

@@ -394,6 +394,7 @@ mod tests {
                 image_ref: String::new(),
                 hash: container_hash(c),
                 restart_count: 0,
+                grace_period: None,
                 kernel: None,
             },
         );

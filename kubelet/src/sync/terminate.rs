@@ -327,6 +327,7 @@ mod tests {
             image_ref: String::new(),
             hash: String::new(),
             restart_count: 0,
+            grace_period: None,
             kernel: None,
         }
     }
