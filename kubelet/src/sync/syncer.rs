@@ -571,11 +571,24 @@ impl Syncer {
         };
         let config = spec::container_config(&self.node, pod, c, &ctx)
             .map_err(|e| config_error(e.to_string()))?;
-        let id = match self
+        let asked = Instant::now();
+        let created = self
             .client
             .create_container(sandbox, config, sandbox_config.clone())
-            .await
-        {
+            .await;
+        self.trace(
+            pod,
+            crate::diagnostics::Source::Cri,
+            format!(
+                "CreateContainer {}: {} in {} ms",
+                c.name,
+                created
+                    .as_ref()
+                    .map_or_else(|e| e.to_string(), |id| id.short().to_owned()),
+                asked.elapsed().as_millis()
+            ),
+        );
+        let id = match created {
             Ok(id) => id,
             Err(e) if e.is_retryable() => return Err(Start::Runtime(e)),
             Err(e) => {
@@ -596,7 +609,22 @@ impl Syncer {
             format!("Created container: {}", c.name),
         );
         self.link_log(pod, &c.name, &id, restart_count);
-        if let Err(e) = self.client.start_container(&id).await {
+        let asked = Instant::now();
+        let started = self.client.start_container(&id).await;
+        self.trace(
+            pod,
+            crate::diagnostics::Source::Cri,
+            format!(
+                "StartContainer {} {}: {} in {} ms",
+                c.name,
+                id.short(),
+                started
+                    .as_ref()
+                    .map_or_else(|e| e.to_string(), |()| "ok".into()),
+                asked.elapsed().as_millis()
+            ),
+        );
+        if let Err(e) = started {
             // A created container that did not start keeps a `runc init` in
             // its cgroup: remove it now rather than leave it to the next sync
             // or GC (CRI's RemoveContainer also removes one that did start

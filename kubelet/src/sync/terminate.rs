@@ -104,7 +104,22 @@ impl Syncer {
             } else {
                 MIN_GRACE
             });
-        match self.client.stop_container(id, remaining).await {
+        let asked = Instant::now();
+        let result = self.client.stop_container(id, remaining).await;
+        self.trace(
+            pod,
+            crate::diagnostics::Source::Cri,
+            format!(
+                "StopContainer {name} {} (timeout {} s): {} in {} ms",
+                id.short(),
+                remaining.as_secs(),
+                result
+                    .as_ref()
+                    .map_or_else(|e| e.to_string(), |()| "ok".into()),
+                asked.elapsed().as_millis()
+            ),
+        );
+        match result {
             Err(e) if !e.is_not_found() => Err(e),
             _ => Ok(()),
         }
