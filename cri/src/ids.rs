@@ -2,6 +2,11 @@
 
 use std::fmt;
 
+/// The first 12 characters of a runtime ID, as `crictl` prints IDs.
+pub fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
@@ -21,7 +26,7 @@ macro_rules! id_type {
 
             /// The first 12 characters, as `crictl` prints IDs.
             pub fn short(&self) -> &str {
-                self.0.get(..12).unwrap_or(&self.0)
+                short(&self.0)
             }
         }
 

@@ -3,19 +3,37 @@
 
 use std::path::{Path, PathBuf};
 
-/// Every mounted cgroup hierarchy root: the v1 controllers, the v2 unified
-/// mount, or `/sys/fs/cgroup` itself on pure v2 hosts.
-fn hierarchies() -> Vec<PathBuf> {
+/// A mounted cgroup hierarchy: its root, whether it is cgroup2, and its
+/// super options (a v1 hierarchy's controllers).
+struct Mount {
+    root: PathBuf,
+    v2: bool,
+    options: String,
+}
+
+/// Every mounted cgroup hierarchy, from `/proc/self/mountinfo`.
+fn mounts() -> Vec<Mount> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
-            let fstype = right.split_whitespace().next()?;
-            (fstype == "cgroup" || fstype == "cgroup2")
-                .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap_or("")))
+            let mut r = right.split_whitespace();
+            let fstype = r.next()?;
+            let options = r.nth(1).unwrap_or("");
+            let root = left.split_whitespace().nth(4).filter(|p| !p.is_empty())?;
+            (fstype == "cgroup" || fstype == "cgroup2").then(|| Mount {
+                root: PathBuf::from(root),
+                v2: fstype == "cgroup2",
+                options: options.to_owned(),
+            })
         })
-        .filter(|p| !p.as_os_str().is_empty())
         .collect()
+}
+
+/// Every mounted cgroup hierarchy root: the v1 controllers, the v2 unified
+/// mount, or `/sys/fs/cgroup` itself on pure v2 hosts.
+fn hierarchies() -> Vec<PathBuf> {
+    mounts().into_iter().map(|m| m.root).collect()
 }
 
 fn remove_tree(dir: &Path) {
@@ -54,26 +72,16 @@ pub enum MemoryHierarchy {
 
 /// The host's memory hierarchy, if any.
 pub fn memory_hierarchy() -> Option<MemoryHierarchy> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut v2 = None;
-    for line in text.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut r = right.split_whitespace();
-        let fstype = r.next().unwrap_or("");
-        let options = r.nth(1).unwrap_or("");
-        let Some(root) = left.split_whitespace().nth(4).map(PathBuf::from) else {
-            continue;
-        };
-        if fstype == "cgroup" && options.split(',').any(|o| o == "memory") {
-            return Some(MemoryHierarchy::V1(root));
+    for m in mounts() {
+        if !m.v2 && m.options.split(',').any(|o| o == "memory") {
+            return Some(MemoryHierarchy::V1(m.root));
         }
-        if fstype == "cgroup2"
-            && std::fs::read_to_string(root.join("cgroup.controllers"))
+        if m.v2
+            && std::fs::read_to_string(m.root.join("cgroup.controllers"))
                 .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
         {
-            v2 = Some(MemoryHierarchy::V2(root));
+            v2 = Some(MemoryHierarchy::V2(m.root));
         }
     }
     v2

@@ -118,7 +118,8 @@ impl Diag {
         since: Option<Duration>,
         pod: Option<(&str, &str)>,
     ) -> Result<()> {
-        let cutoff = since.map(|d| now_ns() - i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        let cutoff = since
+            .map(|d| evlet::clock::unix_ns() - i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         let mut shown = 0usize;
         let mut header = self.output == Output::Table;
         loop {
@@ -266,12 +267,6 @@ async fn get(address: SocketAddr, path: &str) -> Result<(u16, String)> {
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
 fn parse_time(s: &str) -> Option<i64> {
     let t: k8s_openapi::jiff::Timestamp = s.parse().ok()?;
     i64::try_from(t.as_nanosecond()).ok()
@@ -388,7 +383,10 @@ fn pleg_text(v: &PlegView, rates: Option<&BTreeMap<String, f64>>) -> String {
         }
     };
     let ago = if v.last_full_relist > 0.0 {
-        format!("{:.1} s ago", now_ns() as f64 / 1e9 - v.last_full_relist)
+        format!(
+            "{:.1} s ago",
+            evlet::clock::unix_ns() as f64 / 1e9 - v.last_full_relist
+        )
     } else {
         "none yet".into()
     };

@@ -390,11 +390,7 @@ impl SyncLoop {
         self.served.diagnostics.trace(
             &event.uid.0,
             crate::diagnostics::Source::Pleg,
-            format!(
-                "{:?} {}",
-                event.kind,
-                event.data.get(..13).unwrap_or(&event.data)
-            ),
+            format!("{:?} {}", event.kind, evlet_cri::ids::short(&event.data)),
         );
         if event.kind == crate::pleg::EventType::ContainerRemoved {
             return;

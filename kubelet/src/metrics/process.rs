@@ -83,9 +83,8 @@ impl ProcessMetrics {
             self.virtual_memory.set(stat.vsize as f64);
             self.resident_memory
                 .set((stat.rss * procfs::page_size()) as f64);
-            if let Ok(boot) = procfs::boot_time_secs() {
-                self.start_time
-                    .set(boot as f64 + stat.starttime as f64 / ticks);
+            if let Some(start) = start_time_of(&stat) {
+                self.start_time.set(start);
             }
         }
         if let Ok(n) = me.fd_count() {
@@ -108,7 +107,11 @@ impl ProcessMetrics {
 
 /// The process' start time (for `/metrics/probes`), if `/proc` tells it.
 pub fn start_time_seconds() -> Option<f64> {
-    let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
+    start_time_of(&procfs::process::Process::myself().ok()?.stat().ok()?)
+}
+
+/// Unix seconds at which the process of `stat` started.
+fn start_time_of(stat: &procfs::process::Stat) -> Option<f64> {
     let boot = procfs::boot_time_secs().ok()?;
     Some(boot as f64 + stat.starttime as f64 / procfs::ticks_per_second() as f64)
 }

@@ -396,11 +396,6 @@ impl ReaderState {
     }
 }
 
-/// The first 13 characters of a container ID (as `crictl` shows them).
-fn short(id: &str) -> &str {
-    id.get(..13).unwrap_or(id)
-}
-
 /// Finds an unknown cgroup by its ID under the pods' root (rare: a cgroup made
 /// before the probes or while the reader was down).
 fn lookup(ctx: &Ctx, id: u64) -> bool {
@@ -482,7 +477,7 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
                         Some(r) => format!(
                             "init (pid {}) of container {} exited with code {}{}",
                             e.origin.tgid,
-                            short(&container),
+                            evlet_cri::ids::short(&container),
                             r.exit_code,
                             if r.oom {
                                 ", killed by the OOM killer"
@@ -493,7 +488,7 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
                         None => format!(
                             "init (pid {}) of container {} exited (not certainly the container's init)",
                             e.origin.tgid,
-                            short(&container)
+                            evlet_cri::ids::short(&container)
                         ),
                     };
                     ctx.diagnostics
