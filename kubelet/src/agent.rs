@@ -23,6 +23,7 @@ use crate::api::{self, ApiClient};
 use crate::cache::{self, CacheWriter, PodCache};
 use crate::config::{self, Config, PlegMode};
 use crate::diagnostics::{Diagnostics, Event, EventRecorder};
+use crate::eviction::EvictionManager;
 use crate::health::{self, Checks};
 use crate::machine::Machine;
 use crate::metrics::Metrics;
@@ -231,6 +232,17 @@ pub async fn start(
     )
     .await?;
     let secure_address = start_secure(&config, &served, &shutdown).await?;
+    let eviction = EvictionManager::new(
+        config.eviction.clone(),
+        crate::eviction::Collaborators {
+            stats: Arc::clone(&served.stats),
+            workers: workers.clone(),
+            recorder: Arc::clone(&diagnostics) as Arc<dyn EventRecorder>,
+            metrics: Arc::clone(&metrics),
+        },
+    );
+    let pressure = eviction.pressure();
+    tokio::spawn(eviction.run(shutdown.child_token()));
     tokio::spawn(crate::logrotate::run(
         client.clone(),
         crate::logrotate::Policy {
@@ -256,6 +268,7 @@ pub async fn start(
                 &src_tx,
                 &served,
                 &machine,
+                pressure.clone(),
                 runtime_version,
                 secure_address.map_or(config.address.port(), |a| a.port()),
                 &shutdown,
@@ -275,6 +288,7 @@ pub async fn start(
         served: Arc::clone(&served),
         hints: pleg.hints.clone(),
         allowed_unsafe_sysctls: config.pods.allowed_unsafe_sysctls.clone(),
+        pressure,
         api,
     };
     let handles = Handles {
@@ -637,7 +651,7 @@ async fn start_server(
         runtime: c.runtime.clone(),
         cache: c.cache.clone(),
         configz: configz(config),
-        stats: crate::stats::StatsProvider::new(
+        stats: Arc::new(crate::stats::StatsProvider::new(
             c.runtime.clone(),
             config.root_dir.clone(),
             config
@@ -646,7 +660,7 @@ async fn start_server(
                 .clone()
                 .unwrap_or_else(|| config.root_dir.join("logs/pods")),
             config.node_name.clone(),
-        ),
+        )),
     });
     let address =
         server::serve(config.address, Arc::clone(&served), shutdown.child_token()).await?;
@@ -765,6 +779,7 @@ fn start_api(
     sources: &mpsc::Sender<SourceMessage>,
     served: &Arc<Served>,
     machine: &Machine,
+    pressure: tokio::sync::watch::Receiver<crate::eviction::Pressure>,
     runtime_version: String,
     kubelet_port: u16,
     shutdown: &CancellationToken,
@@ -797,6 +812,7 @@ fn start_api(
         runtime_version,
         port: kubelet_port,
         ready: Arc::new(move || ready_served.ready()),
+        pressure,
     };
     let (statics_tx, statics_rx) = watch::channel(api::mirror::Statics::new());
     tokio::spawn(api::run_node(

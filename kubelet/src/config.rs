@@ -1,6 +1,7 @@
 //! Agent configuration: a `KubeletConfiguration`-style YAML file (upstream field
 //! names where they exist) overridden by familiar command-line flags.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -84,6 +85,8 @@ pub struct Config {
     pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
     /// What the node gives every pod: DNS, seccomp default, allowed sysctls.
     pub pods: PodSettings,
+    /// The eviction manager's thresholds and periods.
+    pub eviction: crate::eviction::Settings,
     /// `--node-labels`: labels the node registers with, beside its defaults.
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// The secured kubelet API (`port`, TLS, authentication, authorization);
@@ -309,6 +312,22 @@ pub struct KubeletConfiguration {
     /// How their requests are authorized.
     #[serde(default)]
     pub authorization: AuthorizationConfig,
+    /// Hard eviction thresholds (`memory.available: 100Mi`).
+    pub eviction_hard: Option<BTreeMap<String, String>>,
+    /// Soft eviction thresholds.
+    pub eviction_soft: Option<BTreeMap<String, String>>,
+    /// The soft thresholds' grace periods (Go durations).
+    pub eviction_soft_grace_period: Option<BTreeMap<String, String>>,
+    /// The least an eviction reclaims beyond a threshold.
+    pub eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
+    /// How long a pressure condition outlives its threshold (Go duration).
+    pub eviction_pressure_transition_period: Option<String>,
+    /// The grace period of a pod evicted for a soft threshold.
+    pub eviction_max_pod_grace_period: Option<i64>,
+    /// Unnamed signals keep their default thresholds.
+    pub merge_default_eviction_settings: Option<bool>,
+    /// Kernel memory notifications wake the eviction manager (evlet: on).
+    pub kernel_memcg_notification: Option<bool>,
 }
 
 const KNOWN: &[&str] = &[
@@ -344,6 +363,14 @@ const KNOWN: &[&str] = &[
     "tlsPrivateKeyFile",
     "authentication",
     "authorization",
+    "evictionHard",
+    "evictionSoft",
+    "evictionSoftGracePeriod",
+    "evictionMinimumReclaim",
+    "evictionPressureTransitionPeriod",
+    "evictionMaxPodGracePeriod",
+    "mergeDefaultEvictionSettings",
+    "kernelMemcgNotification",
 ];
 
 /// `authentication` of a KubeletConfiguration.
@@ -794,7 +821,39 @@ impl KubeletConfiguration {
             }
         }
         check_pod_settings(&cfg.pod_settings()).map_err(invalid)?;
+        cfg.eviction_settings().map_err(invalid)?;
         Ok(cfg)
+    }
+
+    /// The eviction settings this file asks for, upstream's defaults for the rest.
+    ///
+    /// # Errors
+    /// A message naming the field and the signal.
+    pub fn eviction_settings(&self) -> Result<crate::eviction::Settings, String> {
+        let mut soft_grace = BTreeMap::new();
+        for (signal, text) in self.eviction_soft_grace_period.iter().flatten() {
+            let d = parse_duration(text)
+                .map_err(|e| format!("evictionSoftGracePeriod[{signal}]: {e}"))?;
+            soft_grace.insert(signal.clone(), d);
+        }
+        let pressure_transition = self
+            .eviction_pressure_transition_period
+            .as_deref()
+            .map(|t| {
+                parse_duration(t).map_err(|e| format!("evictionPressureTransitionPeriod: {e}"))
+            })
+            .transpose()?;
+        crate::eviction::thresholds::parse(&crate::eviction::thresholds::Config {
+            hard: self.eviction_hard.clone(),
+            soft: self.eviction_soft.clone().unwrap_or_default(),
+            soft_grace,
+            min_reclaim: self.eviction_minimum_reclaim.clone().unwrap_or_default(),
+            pressure_transition,
+            max_pod_grace: self.eviction_max_pod_grace_period,
+            merge_defaults: self.merge_default_eviction_settings.unwrap_or(false),
+            kernel_notification: self.kernel_memcg_notification,
+        })
+        .map_err(|e| e.to_string())
     }
 
     /// The pod settings this file asks for, upstream's defaults for the rest.
@@ -922,14 +981,6 @@ const REFUSED_FLAGS: &[(&str, &str)] = &[
         "node allocatable reservations are not implemented by evlet yet",
     ),
     (
-        "eviction-hard",
-        "the eviction manager is not implemented by evlet yet",
-    ),
-    (
-        "eviction-soft",
-        "the eviction manager is not implemented by evlet yet",
-    ),
-    (
         "enforce-node-allocatable",
         "node allocatable enforcement is not implemented by evlet yet",
     ),
@@ -938,6 +989,23 @@ const REFUSED_FLAGS: &[(&str, &str)] = &[
         "evlet has no feature gates; each feature is on or refused",
     ),
 ];
+
+/// Parses upstream's map flags: `a<1,b<2` (`sep` `<`: the eviction
+/// thresholds) or `a=1,b=2`.
+///
+/// # Errors
+/// The pair that has no separator or an empty key.
+pub fn parse_pairs(s: &str, sep: char) -> Result<BTreeMap<String, String>, String> {
+    let mut map = BTreeMap::new();
+    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once(sep)
+            .filter(|(k, _)| !k.trim().is_empty())
+            .ok_or_else(|| format!("malformed pair {pair:?}, expected \"key{sep}value\""))?;
+        map.insert(k.trim().to_owned(), v.trim().to_owned());
+    }
+    Ok(map)
+}
 
 /// Splits the command line into what evlet parses and one warning per
 /// harmless upstream flag it drops.
@@ -1080,6 +1148,38 @@ mod tests {
         let err = compat_args(vec!["evlet".into(), "--cgroup-driver=systemd".into()])
             .expect_err("refused");
         assert!(err.starts_with("flag --cgroup-driver is refused"), "{err}");
+    }
+
+    #[test]
+    fn eviction_flags_and_fields_become_thresholds_naming_bad_ones() {
+        let hard = parse_pairs("memory.available<500Mi, nodefs.available<5%", '<').expect("pairs");
+        assert_eq!(hard["memory.available"], "500Mi");
+        assert_eq!(hard["nodefs.available"], "5%");
+        assert!(parse_pairs("memory.available=1Gi", '<').is_err());
+        let cfg = KubeletConfiguration::parse(
+            "evictionHard: {memory.available: 1Gi}\n\
+             evictionSoft: {memory.available: 2Gi}\n\
+             evictionSoftGracePeriod: {memory.available: 1m30s}\n\
+             evictionPressureTransitionPeriod: 30s\n",
+            Path::new("c.yaml"),
+        )
+        .expect("valid");
+        let s = cfg.eviction_settings().expect("settings");
+        assert_eq!(s.thresholds.len(), 2);
+        assert_eq!(s.thresholds[1].grace, Duration::from_secs(90));
+        assert_eq!(s.pressure_transition, Duration::from_secs(30));
+        let err = KubeletConfiguration::parse(
+            "evictionSoft: {memory.available: 2Gi}\n",
+            Path::new("c.yaml"),
+        )
+        .expect_err("no grace period")
+        .to_string();
+        assert!(
+            err.contains(
+                "evictionSoftGracePeriod[memory.available]: grace period must be specified"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

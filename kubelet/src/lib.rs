@@ -15,6 +15,8 @@
 //! * [`backoff`]: CrashLoopBackOff and image pull backoff.
 //! * [`status`]: the pod status as upstream computes it (pure).
 //! * [`pleg`]: the relister (single writer of [`cache`]) and PLEG modes.
+//! * [`eviction`]: the eviction manager (node pressure conditions, evicting
+//!   pods when memory, disk or PIDs run low; kernel memory notifications).
 //! * [`prober`]: liveness, readiness and startup probes; [`probe`]: the checks
 //!   themselves (exec, HTTP, TCP, gRPC), shared with lifecycle hooks.
 //! * [`runtime`]: the CRI seen as pods; [`logs`]: the CRI log format.
@@ -36,6 +38,7 @@ pub mod diagnostics;
 pub mod dns;
 pub mod downward;
 pub mod envvars;
+pub mod eviction;
 pub mod health;
 pub mod lock;
 pub mod logrotate;

@@ -42,6 +42,61 @@ impl Machine {
     }
 }
 
+/// The node's memory as the eviction manager and the stats summary see it
+/// (upstream reads it from cAdvisor's root container).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// `MemTotal`.
+    pub capacity: u64,
+    /// Memory in use: the root memory cgroup's `memory.usage_in_bytes` on
+    /// cgroup v1, `MemTotal - MemFree` otherwise.
+    pub usage: u64,
+    /// `usage` minus inactive file pages (they can be reclaimed at once).
+    pub working_set: u64,
+}
+
+impl NodeMemory {
+    /// `memory.available`: capacity minus the working set.
+    pub fn available(&self) -> u64 {
+        self.capacity.saturating_sub(self.working_set)
+    }
+
+    /// Reads it. On cgroup v1 from the root memory cgroup at `v1_root`, as
+    /// upstream's cAdvisor does, so that a usage threshold armed on that
+    /// cgroup means the same `memory.available`; else from `/proc/meminfo`.
+    pub fn read(v1_root: Option<&std::path::Path>) -> Option<Self> {
+        use procfs::Current as _;
+        let meminfo = procfs::Meminfo::current().ok()?;
+        let capacity = meminfo.mem_total;
+        if let Some(root) = v1_root {
+            let usage = std::fs::read_to_string(root.join("memory.usage_in_bytes"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            let inactive = std::fs::read_to_string(root.join("memory.stat"))
+                .ok()
+                .and_then(|s| {
+                    s.lines().find_map(|l| {
+                        l.strip_prefix("total_inactive_file ")
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                    })
+                });
+            if let (Some(usage), Some(inactive)) = (usage, inactive) {
+                return Some(Self {
+                    capacity,
+                    usage,
+                    working_set: usage.saturating_sub(inactive),
+                });
+            }
+        }
+        let usage = capacity.saturating_sub(meminfo.mem_free);
+        Some(Self {
+            capacity,
+            usage,
+            working_set: usage.saturating_sub(meminfo.inactive_file.unwrap_or(0)),
+        })
+    }
+}
+
 fn statvfs(path: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt as _;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;

@@ -21,6 +21,24 @@ struct Flags {
     /// KubeletConfiguration YAML (kubelet.config.k8s.io/v1beta1); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Hard eviction thresholds (`memory.available<100Mi,nodefs.available<10%`).
+    #[arg(long)]
+    eviction_hard: Option<String>,
+    /// Soft eviction thresholds (`memory.available<1Gi`).
+    #[arg(long)]
+    eviction_soft: Option<String>,
+    /// Grace periods of the soft thresholds (`memory.available=1m30s`).
+    #[arg(long)]
+    eviction_soft_grace_period: Option<String>,
+    /// Minimum reclaims (`memory.available=500Mi`).
+    #[arg(long)]
+    eviction_minimum_reclaim: Option<String>,
+    /// How long a pressure condition outlives its thresholds (`5m0s`).
+    #[arg(long)]
+    eviction_pressure_transition_period: Option<String>,
+    /// Grace period of pods evicted for soft thresholds, in seconds.
+    #[arg(long)]
+    eviction_max_pod_grace_period: Option<i64>,
     /// Static pod manifest directory (or file).
     #[arg(long)]
     pod_manifest_path: Option<PathBuf>,
@@ -122,16 +140,49 @@ fn init_logging(format: LogFormat) {
 }
 
 fn effective(flags: Flags) -> Result<Config> {
-    let file = match &flags.config {
+    let mut file = match &flags.config {
         Some(path) => KubeletConfiguration::load(path)?,
         None => KubeletConfiguration::default(),
     };
+    // The eviction flags override the file's fields, as upstream's do.
+    let pairs = |flag: &str, v: &Option<String>, sep: char| {
+        v.as_deref()
+            .map(|s| config::parse_pairs(s, sep).map_err(|e| anyhow::anyhow!("--{flag}: {e}")))
+            .transpose()
+    };
+    if let Some(m) = pairs("eviction-hard", &flags.eviction_hard, '<')? {
+        file.eviction_hard = Some(m);
+    }
+    if let Some(m) = pairs("eviction-soft", &flags.eviction_soft, '<')? {
+        file.eviction_soft = Some(m);
+    }
+    if let Some(m) = pairs(
+        "eviction-soft-grace-period",
+        &flags.eviction_soft_grace_period,
+        '=',
+    )? {
+        file.eviction_soft_grace_period = Some(m);
+    }
+    if let Some(m) = pairs(
+        "eviction-minimum-reclaim",
+        &flags.eviction_minimum_reclaim,
+        '=',
+    )? {
+        file.eviction_minimum_reclaim = Some(m);
+    }
+    if let Some(p) = flags.eviction_pressure_transition_period.clone() {
+        file.eviction_pressure_transition_period = Some(p);
+    }
+    if let Some(g) = flags.eviction_max_pod_grace_period {
+        file.eviction_max_pod_grace_period = Some(g);
+    }
     let duration = |v: Option<&String>, default: Duration| -> Result<Duration> {
         v.map(|s| config::parse_duration(s).map_err(anyhow::Error::from))
             .transpose()
             .map(|d| d.unwrap_or(default))
     };
     let mut pods = file.pod_settings();
+    let eviction = file.eviction_settings().map_err(anyhow::Error::msg)?;
     if let Some(dns) = flags.cluster_dns {
         pods.cluster_dns = dns.into_iter().filter(|s| !s.is_empty()).collect();
     }
@@ -215,6 +266,7 @@ fn effective(flags: Flags) -> Result<Config> {
             None => file.register_with_taints.clone().unwrap_or_default(),
         },
         pods,
+        eviction,
         node_labels,
         secure,
     })

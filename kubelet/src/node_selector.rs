@@ -92,7 +92,12 @@ pub fn pod_matches(pod: &Pod, node: NodeRef<'_>) -> bool {
     selector_ok && affinity_ok
 }
 
-fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+/// Does any of `tolerations` tolerate `taint`?
+pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
+    tolerations.iter().any(|t| toleration_matches(t, taint))
+}
+
+fn toleration_matches(t: &Toleration, taint: &Taint) -> bool {
     let effect_ok = t
         .effect
         .as_deref()
@@ -116,7 +121,7 @@ pub fn untolerated_no_execute<'a>(
     taints
         .iter()
         .filter(|t| t.effect == "NoExecute")
-        .find(|taint| !tolerations.iter().any(|t| tolerates(t, taint)))
+        .find(|taint| !tolerates(tolerations, taint))
 }
 
 #[cfg(test)]

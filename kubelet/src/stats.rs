@@ -267,6 +267,9 @@ pub struct StatsProvider {
     node_name: String,
     last_cpu: Mutex<Option<(u64, Instant)>>,
     du: Mutex<HashMap<PathBuf, Measured>>,
+    /// The root of the cgroup v1 memory controller (None on cgroup v2): the
+    /// node's memory is read there, as upstream's cAdvisor does.
+    memcg_v1_root: Option<PathBuf>,
 }
 
 fn now() -> Time {
@@ -292,6 +295,10 @@ impl StatsProvider {
             node_name,
             last_cpu: Mutex::default(),
             du: Mutex::default(),
+            memcg_v1_root: match crate::cgroups::memory_hierarchy() {
+                Some(crate::cgroups::MemoryHierarchy::V1(root)) => Some(root),
+                _ => None,
+            },
         }
     }
 
@@ -326,7 +333,7 @@ impl StatsProvider {
     }
 
     async fn node(&self, only_cpu_and_memory: bool) -> NodeStats {
-        use procfs::{Current as _, CurrentSI as _};
+        use procfs::CurrentSI as _;
         let kernel = procfs::KernelStats::current().ok();
         let start_time = kernel
             .as_ref()
@@ -364,19 +371,7 @@ impl StatsProvider {
                 usage_core_nano_seconds: Some(usage),
             }
         });
-        let memory = procfs::Meminfo::current().ok().map(|m| {
-            let usage = m.mem_total.saturating_sub(m.mem_free);
-            let working_set = usage.saturating_sub(m.inactive_file.unwrap_or(0));
-            MemoryStats {
-                time: now(),
-                available_bytes: Some(m.mem_total.saturating_sub(working_set)),
-                usage_bytes: Some(usage),
-                working_set_bytes: Some(working_set),
-                rss_bytes: None,
-                page_faults: None,
-                major_page_faults: None,
-            }
-        });
+        let memory = self.node_memory();
         let mut node = NodeStats {
             node_name: self.node_name.clone(),
             start_time,
@@ -391,19 +386,52 @@ impl StatsProvider {
             return node;
         }
         node.network = host_network();
-        node.fs = filesystem(&self.root_dir);
-        node.runtime = Some(RuntimeStats {
-            image_fs: self.image_fs().await,
-        });
-        node.rlimit = Some(RlimitStats {
-            time: now(),
-            maxpid: std::fs::read_to_string("/proc/sys/kernel/pid_max")
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0),
-            curproc: procfs::LoadAverage::current().map_or(0, |l| u64::from(l.max)),
-        });
+        let resources = self.node_resources(true).await;
+        node.fs = resources.fs;
+        node.runtime = resources.runtime;
+        node.rlimit = resources.rlimit;
         node
+    }
+
+    fn node_memory(&self) -> Option<MemoryStats> {
+        crate::machine::NodeMemory::read(self.memcg_v1_root.as_deref()).map(|m| MemoryStats {
+            time: now(),
+            available_bytes: Some(m.available()),
+            usage_bytes: Some(m.usage),
+            working_set_bytes: Some(m.working_set),
+            rss_bytes: None,
+            page_faults: None,
+            major_page_faults: None,
+        })
+    }
+
+    /// What the eviction signals are made of, without the runtime's per-pod
+    /// work: the node's memory, filesystem, PIDs and (with `image_fs`, one
+    /// `ImageFsInfo` call) the image filesystem.
+    pub async fn node_resources(&self, image_fs: bool) -> NodeStats {
+        use procfs::Current as _;
+        let image_fs = if image_fs {
+            self.image_fs().await
+        } else {
+            None
+        };
+        NodeStats {
+            node_name: self.node_name.clone(),
+            start_time: now(),
+            cpu: None,
+            memory: self.node_memory(),
+            network: None,
+            fs: filesystem(&self.root_dir),
+            runtime: Some(RuntimeStats { image_fs }),
+            rlimit: Some(RlimitStats {
+                time: now(),
+                maxpid: std::fs::read_to_string("/proc/sys/kernel/pid_max")
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0),
+                curproc: procfs::LoadAverage::current().map_or(0, |l| u64::from(l.max)),
+            }),
+        }
     }
 
     async fn image_fs(&self) -> Option<FsStats> {

@@ -411,6 +411,16 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
         containers_ready,
         condition("PodScheduled", true, None),
     ];
+    // An evicted pod says the kubelet disrupted it (upstream's DisruptionTarget).
+    if let Some(("Evicted", message)) = extra.failure {
+        conditions.push(PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("TerminationByKubelet".into()),
+            message: Some(message.to_owned()),
+            ..Default::default()
+        });
+    }
     stamp(&mut conditions, extra.previous, extra.now.as_ref());
     V1PodStatus {
         phase: Some(phase.into()),

@@ -72,6 +72,8 @@ pub struct SyncLoop {
     pub hints: Option<Arc<Hints>>,
     /// `allowedUnsafeSysctls` (admission).
     pub allowed_unsafe_sysctls: Vec<String>,
+    /// The node's pressure conditions (admission refuses pods under them).
+    pub pressure: watch::Receiver<crate::eviction::Pressure>,
     /// API-server mode.
     pub api: Option<ApiState>,
 }
@@ -273,7 +275,12 @@ impl SyncLoop {
             )
         });
         let node = api.node.as_ref().and_then(api::node::SelfWatch::current);
+        let pressure = *self.pressure.borrow();
         let admitted = api::admission::supported(pod)
+            .and_then(|()| {
+                crate::eviction::admit(pod, pressure)
+                    .map_err(|(reason, message)| api::admission::Rejection { reason, message })
+            })
             .and_then(|()| {
                 crate::sysctls::admit(pod, &self.allowed_unsafe_sysctls).map_err(|e| {
                     api::admission::Rejection {

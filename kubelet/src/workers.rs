@@ -93,6 +93,8 @@ pub enum Phase {
 struct Pending {
     pod: Pod,
     kill: Option<Option<i64>>,
+    /// Set by an eviction: the kill fails the pod with this reason and message.
+    failure: Option<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -208,6 +210,29 @@ impl PodWorkers {
     /// Queues an update for `pod`'s worker, starting the worker if needed.
     /// A kill cancels an in-flight sync; a later sync never undoes a kill.
     pub fn update(&self, pod: Pod, kind: UpdateKind) {
+        self.queue(pod, kind, None);
+    }
+
+    /// Fails a running pod for good (an eviction): it is killed with `grace`
+    /// and then shown `Failed` with `reason` and `message`, never started
+    /// again, and removed once its source drops it. A pod without a worker, or
+    /// one already terminating, is left alone: false.
+    pub fn fail(&self, pod: Pod, grace: Option<i64>, reason: &str, message: &str) -> bool {
+        let uid = pod::uid(&pod);
+        let running = lock(&self.shared.workers)
+            .get(&uid)
+            .is_some_and(|h| *lock(&h.phase) == Phase::Sync);
+        if running {
+            self.queue(
+                pod,
+                UpdateKind::Kill(grace),
+                Some((reason.to_owned(), message.to_owned())),
+            );
+        }
+        running
+    }
+
+    fn queue(&self, pod: Pod, kind: UpdateKind, failure: Option<(String, String)>) {
         let uid = pod::uid(&pod);
         let mut workers = lock(&self.shared.workers);
         let handle = workers.entry(uid.clone()).or_insert_with(|| {
@@ -239,7 +264,8 @@ impl PodWorkers {
                 (UpdateKind::Kill(g), None) => Some(g),
                 (UpdateKind::Sync, prev) => prev,
             };
-            *pending = Some(Pending { pod, kill });
+            let failure = failure.or_else(|| pending.as_mut().and_then(|p| p.failure.take()));
+            *pending = Some(Pending { pod, kill, failure });
         }
         if matches!(kind, UpdateKind::Kill(_)) {
             lock(&handle.cancel_sync).cancel();
@@ -444,6 +470,8 @@ impl Worker {
         let mut failed = false;
         // Set when the pod failed while running (activeDeadlineSeconds).
         let mut failure: Option<(String, String)> = None;
+        // Set when the source deleted the pod (its kill is not a failure's).
+        let mut deleted = false;
         let mut errors = Retry::fixed(ERROR_BACKOFF).jitter(0.5, 1.0);
         // When the pod started on this node: set at its first sync.
         let mut start_time: Option<Time> = None;
@@ -461,6 +489,12 @@ impl Worker {
                     self.shared.syncer.name_pod(&p.pod);
                 } else if operation != "create" && pod.as_deref() != Some(&p.pod) {
                     operation = "update";
+                }
+                if p.failure.is_some() {
+                    failure = p.failure;
+                } else if p.kill.is_some() {
+                    // The source deleted it: it goes, failed or not.
+                    deleted = true;
                 }
                 if let Some(grace) = p.kill {
                     let mut phase = lock(&self.phase);
@@ -631,7 +665,7 @@ impl Worker {
                             tracing::info!(pod = %pod::key(&current), "pod terminated");
                             let mut phase = lock(&self.phase);
                             if failure.is_some()
-                                && *phase == Phase::Terminating(None)
+                                && !deleted
                                 && lock(&self.pending)
                                     .as_ref()
                                     .is_none_or(|p| p.kill.is_none())

@@ -57,6 +57,13 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
         secure: None,
         sync_frequency: evlet::workers::RESYNC,
         pods: Default::default(),
+        // Memory only: the fake runtime's node has no pods to evict, and the
+        // host's disk may be fuller than upstream's defaults allow.
+        eviction: evlet::eviction::thresholds::parse(&evlet::eviction::thresholds::Config {
+            hard: Some([("memory.available".to_owned(), "100Mi".to_owned())].into()),
+            ..Default::default()
+        })
+        .expect("valid eviction settings"),
     }
 }
 

@@ -32,6 +32,7 @@ fn input(ready: Arc<AtomicBool>) -> NodeInput {
         root_dir: std::env::temp_dir(),
         runtime_version: "containerd://1.7.24".into(),
         port: 10255,
+        pressure: watch::channel(evlet::eviction::Pressure::default()).1,
         ready: Arc::new(move || {
             if ready.load(Ordering::Relaxed) {
                 Ok(())

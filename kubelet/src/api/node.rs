@@ -33,11 +33,6 @@ pub const LEASE_RENEW: Duration = Duration::from_secs(10);
 /// Namespace of node leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 
-/// Upstream's hard eviction thresholds, used for the pressure conditions.
-const MEMORY_AVAILABLE_MIN: u64 = 100 << 20;
-const NODEFS_AVAILABLE_MIN_PERCENT: u64 = 10;
-const PIDS_AVAILABLE_MIN_PERCENT: u64 = 10;
-
 /// Is the node ready? `Err` carries the reason (runtime down, PLEG unhealthy).
 pub type Readiness = Arc<dyn Fn() -> Result<(), NotReady> + Send + Sync>;
 
@@ -64,6 +59,8 @@ pub struct NodeInput {
     pub port: u16,
     /// Readiness of the runtime and the PLEG.
     pub ready: Readiness,
+    /// The eviction manager's pressure conditions.
+    pub pressure: tokio::sync::watch::Receiver<crate::eviction::Pressure>,
 }
 
 impl std::fmt::Debug for NodeInput {
@@ -197,18 +194,17 @@ pub fn status(input: &NodeInput, machine: &Machine, previous: Option<&NodeStatus
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.type_ == t))
     };
-    let memory = (machine.memory_available < MEMORY_AVAILABLE_MIN).then(|| {
-        format!(
-            "memory.available {}Mi is below {}Mi",
-            machine.memory_available >> 20,
-            MEMORY_AVAILABLE_MIN >> 20
-        )
-    });
-    let disk = (machine.disk > 0
-        && machine.disk_available * 100 < machine.disk * NODEFS_AVAILABLE_MIN_PERCENT)
-        .then(|| format!("nodefs.available is below {NODEFS_AVAILABLE_MIN_PERCENT}%"));
-    let pids = (machine.pids * 100 > machine.pid_max * (100 - PIDS_AVAILABLE_MIN_PERCENT))
-        .then(|| format!("pid.available is below {PIDS_AVAILABLE_MIN_PERCENT}%"));
+    // The eviction manager's conditions, with upstream's messages.
+    let pressure = *input.pressure.borrow();
+    let memory = pressure
+        .memory
+        .then(|| "kubelet has insufficient memory available".to_owned());
+    let disk = pressure
+        .disk
+        .then(|| "kubelet has disk pressure".to_owned());
+    let pids = pressure
+        .pid
+        .then(|| "kubelet has insufficient PID available".to_owned());
     let ready = (input.ready)().err().map(|e| e.to_string());
     let conditions = vec![
         condition(
@@ -374,10 +370,13 @@ pub async fn run_status(
     let mut last_report = tokio::time::Instant::now();
     let mut backoff = Retry::new(Duration::from_millis(200), Duration::from_secs(7));
     let mut delay = STATUS_UPDATE;
+    let mut pressure = input.pressure.clone();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(delay) => {}
+            // A pressure condition changed: report it now, not at the next tick.
+            Ok(()) = pressure.changed() => {}
         }
         let machine = Machine::read(&input.root_dir);
         let new = status(&input, &machine, last_sent.as_ref());
@@ -554,6 +553,7 @@ mod tests {
             runtime_version: "containerd://1.7.24".into(),
             port: 10255,
             ready: Arc::new(move || ready.clone()),
+            pressure: tokio::sync::watch::channel(crate::eviction::Pressure::default()).1,
         }
     }
 
@@ -614,16 +614,28 @@ mod tests {
     }
 
     #[test]
-    fn low_memory_and_disk_are_pressure_and_heartbeats_alone_are_no_change() {
-        let low = Machine {
-            memory_available: 50 << 20,
-            disk_available: 5 << 30,
-            ..MACHINE
-        };
-        let s = status(&input(Ok(())), &low, None);
-        assert_eq!(cond(&s, "MemoryPressure").status, "True");
+    fn the_eviction_managers_pressure_is_the_conditions_and_heartbeats_alone_are_no_change() {
+        let mut under = input(Ok(()));
+        under.pressure = tokio::sync::watch::channel(crate::eviction::Pressure {
+            memory: true,
+            disk: true,
+            pid: false,
+        })
+        .1;
+        let s = status(&under, &MACHINE, None);
+        let memory = cond(&s, "MemoryPressure");
+        assert_eq!(memory.status, "True");
+        assert_eq!(
+            memory.reason.as_deref(),
+            Some("KubeletHasInsufficientMemory")
+        );
+        assert_eq!(
+            memory.message.as_deref(),
+            Some("kubelet has insufficient memory available")
+        );
         assert_eq!(cond(&s, "DiskPressure").status, "True");
-        let again = status(&input(Ok(())), &low, Some(&s));
+        assert_eq!(cond(&s, "PIDPressure").status, "False");
+        let again = status(&under, &MACHINE, Some(&s));
         assert_eq!(comparable(&s), comparable(&again));
         assert_eq!(
             cond(&s, "MemoryPressure").last_transition_time,

@@ -57,7 +57,7 @@ pub struct Served {
     /// The effective configuration, as `/configz` shows it.
     pub configz: serde_json::Value,
     /// Resource usage (`/stats/summary`, `/metrics/resource`).
-    pub stats: crate::stats::StatsProvider,
+    pub stats: Arc<crate::stats::StatsProvider>,
     /// The pods' volumes (`kubelet_volume_stats_*`).
     pub volumes: crate::volume::VolumeManager,
 }

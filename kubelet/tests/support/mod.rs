@@ -60,6 +60,18 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, S
     )
 }
 
+/// The eviction settings of test agents: upstream's memory threshold alone.
+/// The disk thresholds stay off: this machine kind's root filesystem runs with
+/// less free space than upstream's 10 % `nodefs.available` (7.9 % measured),
+/// which would put every test node under DiskPressure and refuse its API pods.
+pub fn test_eviction() -> evlet::eviction::Settings {
+    evlet::eviction::thresholds::parse(&evlet::eviction::thresholds::Config {
+        hard: Some([("memory.available".to_owned(), "100Mi".to_owned())].into()),
+        ..Default::default()
+    })
+    .expect("valid eviction settings")
+}
+
 pub fn mode() -> PlegMode {
     match std::env::var("EVLET_E2E_PLEG").as_deref() {
         Ok("ebpf") => PlegMode::Ebpf,
@@ -96,6 +108,7 @@ impl World {
             secure: None,
             sync_frequency: evlet::workers::RESYNC,
             pods: Default::default(),
+            eviction: test_eviction(),
         }
     }
 

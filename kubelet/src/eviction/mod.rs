@@ -1,0 +1,462 @@
+//! The eviction manager: keeps the node alive when memory, disk or PIDs run
+//! low, as upstream's `pkg/kubelet/eviction` does.
+//!
+//! Each pass observes the node's signals (no runtime call: memory from the
+//! root memory cgroup or `/proc/meminfo`, filesystems by `statvfs`, PIDs from
+//! procfs, the image filesystem by one `ImageFsInfo`), evaluates the
+//! thresholds ([`decide`]), publishes the node's pressure conditions, and when
+//! a threshold is due evicts one pod ([`rank`]): killed with a grace period of
+//! 1 s (hard) or `evictionMaxPodGracePeriod` (soft), then shown `Failed` with
+//! reason `Evicted`, upstream's message, a `DisruptionTarget` condition and a
+//! Warning event. It then waits for that pod's containers to stop (30 s at
+//! most) and evaluates again. Critical pods (static, mirror, system
+//! priority) are never evicted.
+//!
+//! Passes run every 10 s and, with `kernelMemcgNotification` (on by
+//! default), at once when the kernel says memory changed ([`notify`]): a
+//! usage threshold on the v1 root memory cgroup placed exactly where
+//! `memory.available` crosses each memory threshold, and a PSI trigger.
+//!
+//! Map: [`thresholds`] parses the configuration; [`decide`] is the pure
+//! evaluation; [`rank`] orders pods and words the message; [`notify`] holds
+//! the kernel's notifications; this module is the loop and its IO.
+
+pub mod decide;
+pub mod notify;
+pub mod rank;
+pub mod thresholds;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::diagnostics::{Event, EventRecorder};
+use crate::metrics::Metrics;
+use crate::pod::PodUid;
+use crate::stats::StatsProvider;
+use crate::workers::{Phase, PodWorkers};
+pub use decide::Pressure;
+pub use thresholds::{Settings, Signal, Threshold};
+
+/// Upstream's `immediateEvictionGracePeriodSeconds`: the grace of a pod
+/// evicted for a hard threshold.
+pub const HARD_EVICTION_GRACE: i64 = 1;
+
+/// How long a pass waits for an evicted pod's containers to stop
+/// (upstream's `podCleanupTimeout`).
+pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The PSI trigger: tasks stalled on memory for 150 ms within 2 s. The window
+/// is a multiple of 2 s, which kernels require of triggers made without
+/// `CAP_SYS_RESOURCE` (measured here: a 1 s window is refused with EINVAL).
+pub const PSI_TRIGGER: &str = "some 150000 2000000";
+
+/// Why a pass ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The 10 s timer (or a soft threshold's grace ending).
+    Timer,
+    /// The v1 memory cgroup usage threshold fired.
+    Memcg,
+    /// The PSI memory trigger fired.
+    Psi,
+    /// The pass right after an eviction.
+    AfterEviction,
+}
+
+impl Trigger {
+    /// The lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timer => "timer",
+            Self::Memcg => "memcg",
+            Self::Psi => "psi",
+            Self::AfterEviction => "after-eviction",
+        }
+    }
+}
+
+/// What the eviction manager works with.
+#[derive(Debug, Clone)]
+pub struct Collaborators {
+    /// Reads the node's signals and the pods' usage.
+    pub stats: Arc<StatsProvider>,
+    /// The pods (active ones are candidates) and their kill.
+    pub workers: PodWorkers,
+    /// Where the Evicted events go.
+    pub recorder: Arc<dyn EventRecorder>,
+    /// `kubelet_evictions`.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The eviction manager (upstream's `managerImpl`).
+#[derive(Debug)]
+pub struct EvictionManager {
+    settings: Settings,
+    c: Collaborators,
+    pressure: watch::Sender<Pressure>,
+    /// The v1 memory controller's root, where memory thresholds are armed.
+    memcg_v1_root: Option<PathBuf>,
+    /// Set once "no pod to evict" was logged for the current episode, so a
+    /// node under pressure with only critical pods says it once, not every 10 s.
+    stuck: AtomicBool,
+}
+
+/// Upstream's admission under pressure: critical pods always; under memory
+/// pressure alone, pods that are not BestEffort or that tolerate the
+/// memory-pressure taint; under any other pressure, nothing else.
+///
+/// # Errors
+/// Upstream's reason (`Evicted`) and message (`The node had condition:
+/// [MemoryPressure]. `).
+pub fn admit(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    pressure: Pressure,
+) -> Result<(), (String, String)> {
+    if !pressure.any() || rank::is_critical(pod) {
+        return Ok(());
+    }
+    if pressure
+        == (Pressure {
+            memory: true,
+            ..Pressure::default()
+        })
+    {
+        if crate::resources::qos(pod) != crate::resources::Qos::BestEffort {
+            return Ok(());
+        }
+        let taint = k8s_openapi::api::core::v1::Taint {
+            key: "node.kubernetes.io/memory-pressure".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        };
+        let tolerations = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.as_deref())
+            .unwrap_or_default();
+        if crate::node_selector::tolerates(tolerations, &taint) {
+            return Ok(());
+        }
+    }
+    let names: Vec<&str> = pressure
+        .conditions()
+        .into_iter()
+        .map(thresholds::Condition::as_str)
+        .collect();
+    Err((
+        "Evicted".into(),
+        format!("The node had condition: [{}]. ", names.join(" ")),
+    ))
+}
+
+impl EvictionManager {
+    /// A manager with `settings`; read its pressure with
+    /// [`EvictionManager::pressure`] before running it.
+    pub fn new(settings: Settings, c: Collaborators) -> Self {
+        let (pressure, _) = watch::channel(Pressure::default());
+        let memcg_v1_root = match crate::cgroups::memory_hierarchy() {
+            Some(crate::cgroups::MemoryHierarchy::V1(root)) => Some(root),
+            _ => None,
+        };
+        Self {
+            settings,
+            c,
+            pressure,
+            memcg_v1_root,
+            stuck: AtomicBool::new(false),
+        }
+    }
+
+    /// The node's pressure conditions, as they change.
+    pub fn pressure(&self) -> watch::Receiver<Pressure> {
+        self.pressure.subscribe()
+    }
+
+    fn image_fs_needed(&self) -> bool {
+        self.settings.thresholds.iter().any(|t| {
+            matches!(
+                t.signal,
+                Signal::ImageFsAvailable | Signal::ImageFsInodesFree
+            )
+        })
+    }
+
+    /// Arms one kernel usage threshold per memory threshold, where the root
+    /// cgroup's usage makes `memory.available` cross it (upstream's
+    /// `capacity - threshold + inactive_file`).
+    fn arm_memcg(&self) -> Vec<notify::MemcgThreshold> {
+        let Some(root) = &self.memcg_v1_root else {
+            return Vec::new();
+        };
+        let Some(m) = crate::machine::NodeMemory::read(Some(root)) else {
+            return Vec::new();
+        };
+        let inactive = m.usage.saturating_sub(m.working_set);
+        let capacity = i64::try_from(m.capacity).unwrap_or(i64::MAX);
+        self.settings
+            .thresholds
+            .iter()
+            .filter(|t| t.signal == Signal::MemoryAvailable)
+            .filter_map(|t| {
+                let at = capacity - t.value.of(capacity) + i64::try_from(inactive).unwrap_or(0);
+                let at = u64::try_from(at).ok()?;
+                match notify::MemcgThreshold::arm(root, at) {
+                    Ok(n) => Some(n),
+                    Err(e) => {
+                        tracing::warn!(cgroup = %root.display(), error = %e, "cannot arm a memory cgroup threshold; the 10 s evaluation remains");
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Runs passes until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut state = decide::State::default();
+        let has_memory = self
+            .settings
+            .thresholds
+            .iter()
+            .any(|t| t.signal == Signal::MemoryAvailable);
+        let kernel = self.settings.kernel_notification && has_memory;
+        let psi = kernel
+            .then(|| {
+                notify::PsiTrigger::arm(std::path::Path::new("/proc/pressure/memory"), PSI_TRIGGER)
+                    .map_err(|e| tracing::info!(error = %e, "no PSI memory trigger"))
+                    .ok()
+            })
+            .flatten();
+        let mut trigger = Trigger::Timer;
+        loop {
+            let started = Instant::now();
+            let evicted = self.pass(&mut state, trigger).await;
+            if let Some(uid) = evicted {
+                self.wait_for_cleanup(&uid, &shutdown).await;
+                trigger = Trigger::AfterEviction;
+                continue;
+            }
+            // Re-armed every pass: inactive file pages move the crossing point.
+            let memcg = if kernel { self.arm_memcg() } else { Vec::new() };
+            let period = state
+                .next_due(&self.settings, started.into_std())
+                .map_or(self.settings.monitoring, |d| {
+                    d.min(self.settings.monitoring)
+                });
+            let crossed = async {
+                if memcg.is_empty() {
+                    return std::future::pending().await;
+                }
+                let waits = memcg.iter().map(|m| Box::pin(m.crossed()));
+                let _ = futures_util::future::select_all(waits).await;
+            };
+            let stalled = async {
+                match &psi {
+                    Some(p) => {
+                        let _ = p.fired().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            trigger = tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(period) => Trigger::Timer,
+                () = crossed => Trigger::Memcg,
+                () = stalled => Trigger::Psi,
+            };
+        }
+    }
+
+    /// One evaluation; evicts at most one pod, whose UID it returns.
+    async fn pass(&self, state: &mut decide::State, trigger: Trigger) -> Option<PodUid> {
+        let node = self.c.stats.node_resources(self.image_fs_needed()).await;
+        let summary = crate::stats::Summary {
+            node,
+            pods: Vec::new(),
+        };
+        let observations = decide::observe(&summary);
+        let eval = state.evaluate(&self.settings, &observations, std::time::Instant::now());
+        self.pressure.send_if_modified(|p| {
+            let changed = *p != eval.pressure;
+            if changed {
+                tracing::info!(pressure = ?eval.pressure, "node pressure conditions changed");
+            }
+            *p = eval.pressure;
+            changed
+        });
+        let Some((threshold, quantity, available)) = eval.act_on else {
+            self.stuck.store(false, Ordering::Relaxed);
+            return None;
+        };
+        tracing::debug!(
+            signal = threshold.signal.as_str(),
+            trigger = trigger.as_str(),
+            available,
+            threshold = quantity,
+            "eviction threshold met; attempting to reclaim"
+        );
+        self.evict_one(&threshold, quantity, available).await
+    }
+
+    async fn evict_one(&self, t: &Threshold, quantity: i64, available: i64) -> Option<PodUid> {
+        let views: Vec<_> = self
+            .c
+            .workers
+            .views()
+            .into_iter()
+            .filter(|v| {
+                v.phase == Phase::Sync
+                    && !matches!(v.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+            })
+            .collect();
+        let memory_only = t.signal == Signal::MemoryAvailable;
+        let summary = match self.c.stats.summary(&views, memory_only).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "eviction: pod stats unavailable; ranking without them");
+                None
+            }
+        };
+        let by_uid: HashMap<&str, &crate::stats::PodStats> = summary
+            .iter()
+            .flat_map(|s| s.pods.iter())
+            .map(|p| (p.pod_ref.uid.as_str(), p))
+            .collect();
+        let uids: Vec<String> = views.iter().map(|v| crate::pod::uid(&v.pod).0).collect();
+        let mut candidates: Vec<rank::Candidate<'_>> = views
+            .iter()
+            .zip(&uids)
+            .filter(|(v, _)| !rank::is_critical(&v.pod))
+            .map(|(v, uid)| rank::Candidate {
+                pod: &v.pod,
+                stats: by_uid.get(uid.as_str()).copied(),
+            })
+            .collect();
+        rank::rank(t.signal, &mut candidates);
+        for c in candidates {
+            let pod = c.pod;
+            let grace = if t.is_hard() {
+                HARD_EVICTION_GRACE
+            } else {
+                let own = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds);
+                own.map_or(self.settings.max_pod_grace, |g| {
+                    g.min(self.settings.max_pod_grace)
+                })
+            };
+            let message = rank::message(t.signal, quantity, available, pod, c.stats);
+            if !self
+                .c
+                .workers
+                .fail(pod.clone(), Some(grace), "Evicted", &message)
+            {
+                continue;
+            }
+            self.c.recorder.record(Event::about(
+                pod,
+                None,
+                "Warning",
+                "Evicted",
+                message.clone(),
+            ));
+            self.c
+                .metrics
+                .evictions
+                .with_label_values(&[t.signal.as_str()])
+                .inc();
+            tracing::info!(pod = %crate::pod::key(pod), grace, %message, "eviction manager: evicting pod");
+            self.stuck.store(false, Ordering::Relaxed);
+            return Some(crate::pod::uid(pod));
+        }
+        if !self.stuck.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                signal = t.signal.as_str(),
+                available,
+                threshold = quantity,
+                "eviction manager: threshold met but no pod can be evicted (critical pods are never evicted)"
+            );
+        }
+        None
+    }
+
+    /// Waits until the evicted pod's worker stopped its containers (its phase
+    /// left `Terminating`), at most [`CLEANUP_TIMEOUT`].
+    async fn wait_for_cleanup(&self, uid: &PodUid, shutdown: &CancellationToken) {
+        let until = Instant::now() + CLEANUP_TIMEOUT;
+        while Instant::now() < until {
+            let busy = self
+                .c
+                .workers
+                .view(uid)
+                .is_some_and(|v| matches!(v.phase, Phase::Sync | Phase::Terminating(_)));
+            if !busy {
+                return;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        tracing::warn!(pod = %uid, "eviction manager: the evicted pod did not stop within 30 s");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(value: serde_json::Value) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(value).expect("pod")
+    }
+
+    #[test]
+    fn memory_pressure_refuses_best_effort_pods_only_and_disk_pressure_refuses_all() {
+        let best_effort = pod(serde_json::json!({
+            "metadata": {"name": "be", "uid": "1"},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}
+        }));
+        let burstable = pod(serde_json::json!({
+            "metadata": {"name": "bu", "uid": "2"},
+            "spec": {"containers": [{"name": "c", "image": "x",
+                "resources": {"requests": {"memory": "10Mi"}}}]}
+        }));
+        let tolerant = pod(serde_json::json!({
+            "metadata": {"name": "t", "uid": "3"},
+            "spec": {"containers": [{"name": "c", "image": "x"}],
+                "tolerations": [{"key": "node.kubernetes.io/memory-pressure",
+                    "operator": "Exists", "effect": "NoSchedule"}]}
+        }));
+        let memory = Pressure {
+            memory: true,
+            ..Pressure::default()
+        };
+        assert_eq!(
+            admit(&best_effort, memory),
+            Err((
+                "Evicted".into(),
+                "The node had condition: [MemoryPressure]. ".into()
+            ))
+        );
+        assert_eq!(admit(&burstable, memory), Ok(()));
+        assert_eq!(admit(&tolerant, memory), Ok(()));
+        let disk = Pressure {
+            memory: true,
+            disk: true,
+            ..Pressure::default()
+        };
+        assert_eq!(
+            admit(&burstable, disk).expect_err("refused").1,
+            "The node had condition: [MemoryPressure DiskPressure]. "
+        );
+        assert_eq!(admit(&burstable, Pressure::default()), Ok(()));
+    }
+}

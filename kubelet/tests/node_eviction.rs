@@ -1,0 +1,296 @@
+//! The eviction manager end to end, on the real kernel and containerd, in
+//! API-server mode (static pods are critical: upstream never evicts them).
+//!
+//! A memory hog in a Burstable pod drives the node's `memory.available` below
+//! an `evictionHard` placed 2 GiB under what was available when the agent
+//! started. A sampler in this test reads the same numbers the agent reads
+//! (the root memory cgroup) every millisecond and notes when they crossed the
+//! threshold; the Evicted event's time is the agent's decision. The test runs
+//! once with the kernel's memory notification and once with the 10 s timer
+//! alone, and prints both latencies side by side.
+
+#[path = "support/apiserver.rs"]
+mod apiserver;
+mod support;
+
+use std::os::fd::AsRawFd as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use apiserver::MockApi;
+use evlet::api::ApiClient;
+use evlet::machine::NodeMemory;
+use evlet_testkit::eventually;
+use serde_json::{Value, json};
+use support::{IMAGE, World, e2e};
+
+/// How far below the available memory at the start the threshold sits, and
+/// how much the hog takes (well past it; other tests on the machine move
+/// memory by less than the margin).
+const MARGIN: u64 = 2 << 30;
+const HOG_MIB: u64 = 3 << 10;
+
+/// One test moving the node's memory at a time: the containerd lines run
+/// their suites in parallel, and each would push the others' nodes under
+/// their thresholds. An exclusive `flock`, released when the file closes.
+fn node_memory_lock() -> std::fs::File {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/evlet-node-memory-test.lock")
+        .expect("lock file");
+    // SAFETY: a valid open descriptor; flock takes no pointers.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    file
+}
+
+fn v1_root() -> Option<std::path::PathBuf> {
+    match evlet::cgroups::memory_hierarchy() {
+        Some(evlet::cgroups::MemoryHierarchy::V1(root)) => Some(root),
+        _ => None,
+    }
+}
+
+fn available() -> u64 {
+    NodeMemory::read(v1_root().as_deref())
+        .expect("node memory")
+        .available()
+}
+
+/// Notes when `memory.available` first went below `threshold` (Unix ns).
+struct Sampler {
+    crossed: Arc<AtomicI64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    fn start(threshold: u64) -> Self {
+        let crossed = Arc::new(AtomicI64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let (crossed, stop) = (Arc::clone(&crossed), Arc::clone(&stop));
+            move || {
+                let root = v1_root();
+                while !stop.load(Ordering::Relaxed) {
+                    let now = evlet::clock::unix_ns();
+                    if let Some(m) = NodeMemory::read(root.as_deref())
+                        && m.available() < threshold
+                    {
+                        let _ =
+                            crossed.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+        Self {
+            crossed,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn crossed_at(&self) -> Option<i64> {
+        Some(self.crossed.load(Ordering::Relaxed)).filter(|t| *t != 0)
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn api_pod(w: &World, name: &str, spec: Value) -> Value {
+    let mut spec = spec;
+    spec["nodeName"] = json!(w.name);
+    json!({"metadata": {"name": w.pod_name(name), "namespace": "default"}, "spec": spec})
+}
+
+fn sleeper(resources: Value) -> Value {
+    json!({"containers": [{"name": "app", "image": IMAGE, "command": ["sleep", "3600"],
+                           "resources": resources}],
+           "terminationGracePeriodSeconds": 30})
+}
+
+async fn phase(api: &MockApi, pod: &str, phase: &str, limit: Duration) -> Value {
+    eventually(limit, &format!("{pod} {phase} in the API"), || async {
+        api.get("pods", "default", pod)
+            .filter(|p| p["status"]["phase"] == phase)
+    })
+    .await
+}
+
+/// One run: the agent, a Guaranteed and a BestEffort sleeper, then the hog.
+/// Returns the time from the crossing to the eviction decision.
+async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
+    let api = MockApi::new();
+    let threshold = available().saturating_sub(MARGIN);
+    let mut config = w.config();
+    config.api = Some(ApiClient::over(api.service()));
+    config.eviction = evlet::eviction::thresholds::parse(&evlet::eviction::thresholds::Config {
+        hard: Some(
+            [(
+                "memory.available".to_owned(),
+                format!("{}Ki", threshold >> 10),
+            )]
+            .into(),
+        ),
+        kernel_notification: Some(kernel),
+        ..Default::default()
+    })
+    .expect("valid thresholds");
+    let agent = w.start_with(config).await;
+    let guaranteed = format!("guaranteed{round}");
+    let besteffort = format!("besteffort{round}");
+    let hog = format!("hog{round}");
+    api.create(
+        "pods",
+        "default",
+        api_pod(
+            w,
+            &guaranteed,
+            sleeper(json!({"requests": {"memory": "64Mi", "cpu": "100m"},
+                           "limits": {"memory": "64Mi", "cpu": "100m"}})),
+        ),
+    );
+    api.create(
+        "pods",
+        "default",
+        api_pod(w, &besteffort, sleeper(json!({}))),
+    );
+    for p in [&guaranteed, &besteffort] {
+        phase(&api, &w.pod_name(p), "Running", Duration::from_secs(30)).await;
+    }
+    let sampler = Sampler::start(threshold);
+    api.create(
+        "pods",
+        "default",
+        api_pod(
+            w,
+            &hog,
+            json!({"containers": [{"name": "hog", "image": IMAGE,
+                                   "command": ["/bin/memhog", HOG_MIB.to_string()],
+                                   "resources": {"requests": {"memory": "64Mi"},
+                                                 "limits": {"memory": "4Gi"}}}]}),
+        ),
+    );
+    let hog_name = w.pod_name(&hog);
+    let failed = phase(&api, &hog_name, "Failed", Duration::from_secs(60)).await;
+    assert_eq!(failed["status"]["reason"], "Evicted", "{failed:#}");
+    let message = failed["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "The node was low on resource: memory. Threshold quantity: {}Ki, available: ",
+            threshold >> 10
+        )) && message.contains("Container hog was using ")
+            && message.ends_with(", request is 64Mi, has larger consumption of memory. "),
+        "{message}"
+    );
+    let disruption = failed["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionTarget"))
+        .unwrap_or_else(|| panic!("no DisruptionTarget: {failed:#}"));
+    assert_eq!(disruption["reason"], "TerminationByKubelet");
+    // The decision: the Evicted event's time.
+    let event = agent
+        .handles
+        .diagnostics
+        .events()
+        .into_iter()
+        .find(|e| e.reason == "Evicted" && e.pod == hog_name)
+        .expect("an Evicted event");
+    assert_eq!(event.kind, "Warning");
+    let decided: k8s_openapi::jiff::Timestamp = event.time.parse().expect("event time");
+    let crossed = sampler.crossed_at().expect("the sampler saw the crossing");
+    let latency = decided.as_nanosecond() - i128::from(crossed);
+    drop(sampler);
+    // The hog's container is stopped; the others run on, not evicted.
+    eventually(
+        Duration::from_secs(30),
+        "the hog's container stopped",
+        || async {
+            let (_, containers) = w.runtime_objects(&hog).await;
+            let running = w
+                .client
+                .list_containers(
+                    evlet_cri::ContainerFilter::new()
+                        .label(evlet::pod::labels::POD_NAME, hog_name.clone())
+                        .state(evlet_cri::api::ContainerState::ContainerRunning),
+                )
+                .await
+                .expect("list");
+            (!containers.is_empty() && running.is_empty()).then_some(())
+        },
+    )
+    .await;
+    for p in [&guaranteed, &besteffort] {
+        let pod = api.get("pods", "default", &w.pod_name(p)).expect("pod");
+        assert_eq!(pod["status"]["phase"], "Running", "{p} was not evicted");
+    }
+    // The node reports MemoryPressure; a BestEffort pod is refused while it lasts.
+    eventually(
+        Duration::from_secs(20),
+        "MemoryPressure on the node",
+        || async {
+            let node = api.get("nodes", "", &w.name)?;
+            node["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| {
+                    c["type"] == "MemoryPressure"
+                        && c["status"] == "True"
+                        && c["reason"] == "KubeletHasInsufficientMemory"
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let late = format!("late{round}");
+    api.create("pods", "default", api_pod(w, &late, sleeper(json!({}))));
+    let refused = phase(&api, &w.pod_name(&late), "Failed", Duration::from_secs(30)).await;
+    assert_eq!(refused["status"]["reason"], "Evicted");
+    assert_eq!(
+        refused["status"]["message"],
+        "The node had condition: [MemoryPressure]. "
+    );
+    for p in [&guaranteed, &besteffort] {
+        api.delete_pod("default", &w.pod_name(p), Some(0));
+    }
+    agent.stop().await;
+    Duration::from_nanos(u64::try_from(latency.max(0)).unwrap_or(0))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
+    e2e(
+        "a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold",
+        |w| async move {
+            let _lock = tokio::task::spawn_blocking(node_memory_lock)
+                .await
+                .expect("lock");
+            let kernel = hog_is_evicted(&w, "k", true).await;
+            let timer = hog_is_evicted(&w, "t", false).await;
+            eprintln!(
+                "eviction decided after memory.available crossed the threshold: \
+                 kernel notification {kernel:?}, 10 s timer {timer:?}"
+            );
+            assert!(
+                kernel < Duration::from_secs(1),
+                "the kernel's notification took {kernel:?}"
+            );
+            assert!(
+                timer <= Duration::from_secs(12),
+                "the timer took {timer:?} (its period is 10 s)"
+            );
+        },
+    )
+    .await;
+}
