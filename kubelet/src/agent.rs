@@ -239,6 +239,7 @@ pub async fn start(
             workers: workers.clone(),
             recorder: Arc::clone(&diagnostics) as Arc<dyn EventRecorder>,
             metrics: Arc::clone(&metrics),
+            journal: Arc::clone(&served.eviction),
         },
     );
     let pressure = eviction.pressure();
@@ -651,6 +652,7 @@ async fn start_server(
         runtime: c.runtime.clone(),
         cache: c.cache.clone(),
         configz: configz(config),
+        eviction: Arc::default(),
         stats: Arc::new(crate::stats::StatsProvider::new(
             c.runtime.clone(),
             config.root_dir.clone(),

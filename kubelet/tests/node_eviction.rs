@@ -212,6 +212,25 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
     let crossed = sampler.crossed_at().expect("the sampler saw the crossing");
     let latency = decided.as_nanosecond() - i128::from(crossed);
     drop(sampler);
+    // `/debug/eviction` names the pass that evicted and what woke it.
+    let (code, _, body) = support::http_get(agent.handles.address, "/debug/eviction").await;
+    assert_eq!(code, 200);
+    let journal: Value = serde_json::from_str(&body).expect("JSON");
+    let acted = journal["acting"]
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|p| p["evicted"] == format!("default/{hog_name}"))
+        })
+        .unwrap_or_else(|| panic!("no acting pass evicted the hog: {journal:#}"));
+    assert_eq!(acted["signal"], "memory.available");
+    if kernel {
+        assert_eq!(acted["trigger"], "memcg", "{journal:#}");
+        assert_eq!(journal["kernel"]["memcgThresholds"], 1, "{journal:#}");
+    } else {
+        assert_eq!(acted["trigger"], "timer", "{journal:#}");
+        assert_eq!(journal["kernel"]["memcgThresholds"], 0, "{journal:#}");
+    }
     // The hog's container is stopped; the others run on, not evicted.
     eventually(
         Duration::from_secs(30),

@@ -1,7 +1,9 @@
 //! `cargo xtask bench`: the eBPF probes' own latency and cost
 //! (`bench/src/bin/probe_latency.rs`), then the PLEG modes side by side
 //! (`bench/src/bin/pleg_modes.rs`); `--suite probes`: what liveness and
-//! readiness probing costs at density (`bench/src/bin/probe_cost.rs`).
+//! readiness probing costs at density (`bench/src/bin/probe_cost.rs`);
+//! `--suite eviction`: how soon memory pressure is noticed
+//! (`bench/src/bin/eviction_latency.rs`).
 //!
 //! Sets up, builds evlet (release; `--quick` uses the debug build the tests
 //! already made), brings up the containerd 1.7 node (every mode, `cri-events`
@@ -29,7 +31,8 @@ pub struct Options {
     #[arg(long)]
     quick: bool,
     /// What to measure: `pleg` (the PLEG modes), `probes` (probe cost),
-    /// `streams` (logs -f and exec through the kubelet API), or `all`.
+    /// `streams` (logs -f and exec through the kubelet API), `eviction`
+    /// (memory-pressure detection, kernel against timer), or `all`.
     #[arg(long, value_enum, default_value = "pleg")]
     suite: Suite,
 }
@@ -43,6 +46,8 @@ pub enum Suite {
     Probes,
     /// `logs -f` throughput and exec round trips through the kubelet API.
     Streams,
+    /// Memory-pressure detection: the kernel's notification against the timer.
+    Eviction,
     /// All of them.
     All,
 }
@@ -90,6 +95,7 @@ pub fn bench(options: &Options) -> Result<()> {
     let pleg = matches!(options.suite, Suite::Pleg | Suite::All);
     let probe_cost = matches!(options.suite, Suite::Probes | Suite::All);
     let streams = matches!(options.suite, Suite::Streams | Suite::All);
+    let eviction = matches!(options.suite, Suite::Eviction | Suite::All);
     if pleg {
         let mut probes = vec!["run", "--locked", "-q", "-p", "evlet-bench"];
         if !options.quick {
@@ -161,6 +167,14 @@ pub fn bench(options: &Options) -> Result<()> {
                 "cargo xtask bench --suite streams".to_owned()
             };
             harness("stream_cost", vec!["--command".into(), command])?;
+        }
+        if eviction {
+            let command = if options.quick {
+                "cargo xtask bench --suite eviction --quick".to_owned()
+            } else {
+                "cargo xtask bench --suite eviction".to_owned()
+            };
+            harness("eviction_latency", vec!["--command".into(), command])?;
         }
         Ok(())
     });

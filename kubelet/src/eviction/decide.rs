@@ -227,7 +227,7 @@ impl State {
             .filter_map(|(i, at)| {
                 let grace = s.thresholds.get(*i)?.grace;
                 let due = *at + grace;
-                (due > now).then(|| due - now)
+                (!grace.is_zero() && due > now).then(|| due - now)
             })
             .min()
     }
@@ -325,6 +325,9 @@ mod tests {
         let e = st.evaluate(&s, &obs(500, 50), t0);
         assert!(e.pressure.memory, "in grace: the condition is already on");
         assert!(e.act_on.is_none());
+        assert_eq!(st.next_due(&s, t0), Some(Duration::from_secs(20)));
+        // A hard threshold met never shortens the wait.
+        st.evaluate(&s, &obs(50, 50), t0);
         assert_eq!(st.next_due(&s, t0), Some(Duration::from_secs(20)));
         let e = st.evaluate(&s, &obs(500, 50), t0 + Duration::from_secs(20));
         assert!(!e.act_on.expect("act").0.is_hard());

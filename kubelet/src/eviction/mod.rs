@@ -19,9 +19,11 @@
 //!
 //! Map: [`thresholds`] parses the configuration; [`decide`] is the pure
 //! evaluation; [`rank`] orders pods and words the message; [`notify`] holds
-//! the kernel's notifications; this module is the loop and its IO.
+//! the kernel's notifications; [`journal`] keeps what the passes did for
+//! `/debug/eviction`; this module is the loop and its IO.
 
 pub mod decide;
+pub mod journal;
 pub mod notify;
 pub mod rank;
 pub mod thresholds;
@@ -56,6 +58,16 @@ pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// is a multiple of 2 s, which kernels require of triggers made without
 /// `CAP_SYS_RESOURCE` (measured here: a 1 s window is refused with EINVAL).
 pub const PSI_TRIGGER: &str = "some 150000 2000000";
+
+/// How often the kernel thresholds' crossing points are checked (and re-armed
+/// when they moved): inactive file pages count as available, so the usage at
+/// which `memory.available` crosses a threshold moves with them.
+pub const REARM: Duration = Duration::from_secs(1);
+
+fn global_inactive_file() -> Option<u64> {
+    use procfs::Current as _;
+    procfs::Meminfo::current().ok()?.inactive_file
+}
 
 /// Why a pass ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +105,8 @@ pub struct Collaborators {
     pub recorder: Arc<dyn EventRecorder>,
     /// `kubelet_evictions`.
     pub metrics: Arc<Metrics>,
+    /// What the passes did (`/debug/eviction`).
+    pub journal: Arc<journal::Journal>,
 }
 
 /// The eviction manager (upstream's `managerImpl`).
@@ -188,31 +202,38 @@ impl EvictionManager {
         })
     }
 
-    /// Arms one kernel usage threshold per memory threshold, where the root
-    /// cgroup's usage makes `memory.available` cross it (upstream's
-    /// `capacity - threshold + inactive_file`).
-    fn arm_memcg(&self) -> Vec<notify::MemcgThreshold> {
+    /// Where the root memory cgroup's usage makes `memory.available` cross
+    /// each memory threshold (upstream's `capacity - threshold +
+    /// inactive_file`). Empty without a v1 memory controller.
+    fn arm_points(&self) -> Vec<u64> {
         let Some(root) = &self.memcg_v1_root else {
             return Vec::new();
         };
         let Some(m) = crate::machine::NodeMemory::read(Some(root)) else {
             return Vec::new();
         };
-        let inactive = m.usage.saturating_sub(m.working_set);
+        let inactive = i64::try_from(m.usage.saturating_sub(m.working_set)).unwrap_or(0);
         let capacity = i64::try_from(m.capacity).unwrap_or(i64::MAX);
         self.settings
             .thresholds
             .iter()
             .filter(|t| t.signal == Signal::MemoryAvailable)
-            .filter_map(|t| {
-                let at = capacity - t.value.of(capacity) + i64::try_from(inactive).unwrap_or(0);
-                let at = u64::try_from(at).ok()?;
-                match notify::MemcgThreshold::arm(root, at) {
-                    Ok(n) => Some(n),
-                    Err(e) => {
-                        tracing::warn!(cgroup = %root.display(), error = %e, "cannot arm a memory cgroup threshold; the 10 s evaluation remains");
-                        None
-                    }
+            .filter_map(|t| u64::try_from(capacity - t.value.of(capacity) + inactive).ok())
+            .collect()
+    }
+
+    /// Arms one kernel usage threshold at each of `points`.
+    fn arm_memcg(&self, points: &[u64]) -> Vec<notify::MemcgThreshold> {
+        let Some(root) = &self.memcg_v1_root else {
+            return Vec::new();
+        };
+        points
+            .iter()
+            .filter_map(|at| match notify::MemcgThreshold::arm(root, *at) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    tracing::warn!(cgroup = %root.display(), error = %e, "cannot arm a memory cgroup threshold; the 10 s evaluation remains");
+                    None
                 }
             })
             .collect()
@@ -236,20 +257,73 @@ impl EvictionManager {
             .flatten();
         let mut trigger = Trigger::Timer;
         loop {
-            let started = Instant::now();
             let evicted = self.pass(&mut state, trigger).await;
             if let Some(uid) = evicted {
                 self.wait_for_cleanup(&uid, &shutdown).await;
                 trigger = Trigger::AfterEviction;
                 continue;
             }
-            // Re-armed every pass: inactive file pages move the crossing point.
-            let memcg = if kernel { self.arm_memcg() } else { Vec::new() };
             let period = state
-                .next_due(&self.settings, started.into_std())
+                .next_due(&self.settings, std::time::Instant::now())
                 .map_or(self.settings.monitoring, |d| {
                     d.min(self.settings.monitoring)
                 });
+            let Some(t) = self
+                .wait(Instant::now() + period, kernel, psi.as_ref(), &shutdown)
+                .await
+            else {
+                return;
+            };
+            trigger = t;
+        }
+    }
+
+    /// Waits for the next pass: `until`, a memory cgroup threshold crossing
+    /// or a PSI event. The thresholds are re-armed every [`REARM`] when their
+    /// crossing point moved (inactive file pages come and go), so the kernel's
+    /// point stays where `memory.available` crosses. None: shutting down.
+    async fn wait(
+        &self,
+        until: Instant,
+        kernel: bool,
+        psi: Option<&notify::PsiTrigger>,
+        shutdown: &CancellationToken,
+    ) -> Option<Trigger> {
+        enum Woke {
+            Trigger(Trigger),
+            Rearm,
+            Stop,
+        }
+        let mut points = Vec::new();
+        let mut memcg = Vec::new();
+        // The node's inactive file pages when the points were computed: a
+        // cheap global reading (`/proc/meminfo`, no memory cgroup statistics
+        // flush) decides whether to compute them again.
+        let mut inactive_then: Option<u64> = None;
+        loop {
+            let inactive_now = kernel.then(global_inactive_file).flatten();
+            let drifted = match (inactive_then, inactive_now) {
+                (Some(a), Some(b)) => a.abs_diff(b) > 1 << 20,
+                _ => true,
+            };
+            if kernel && drifted {
+                inactive_then = inactive_now;
+                let now = self.arm_points();
+                // Moved by more than 1 MiB: arm the new points (then drop the old).
+                let moved = now.len() != points.len()
+                    || now
+                        .iter()
+                        .zip(&points)
+                        .any(|(a, b): (&u64, &u64)| a.abs_diff(*b) > 1 << 20);
+                if moved {
+                    memcg = self.arm_memcg(&now);
+                    points = now;
+                    self.c.journal.kernel(journal::Kernel {
+                        memcg_thresholds: memcg.len(),
+                        psi: psi.is_some(),
+                    });
+                }
+            }
             let crossed = async {
                 if memcg.is_empty() {
                     return std::future::pending().await;
@@ -258,19 +332,32 @@ impl EvictionManager {
                 let _ = futures_util::future::select_all(waits).await;
             };
             let stalled = async {
-                match &psi {
+                match psi {
                     Some(p) => {
                         let _ = p.fired().await;
                     }
                     None => std::future::pending().await,
                 }
             };
-            trigger = tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(period) => Trigger::Timer,
-                () = crossed => Trigger::Memcg,
-                () = stalled => Trigger::Psi,
+            let rearm = async {
+                if kernel && !points.is_empty() {
+                    tokio::time::sleep(REARM).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
             };
+            let woke = tokio::select! {
+                () = shutdown.cancelled() => Woke::Stop,
+                () = tokio::time::sleep_until(until) => Woke::Trigger(Trigger::Timer),
+                () = crossed => Woke::Trigger(Trigger::Memcg),
+                () = stalled => Woke::Trigger(Trigger::Psi),
+                () = rearm => Woke::Rearm,
+            };
+            match woke {
+                Woke::Stop => return None,
+                Woke::Trigger(t) => return Some(t),
+                Woke::Rearm => {}
+            }
         }
     }
 
@@ -290,6 +377,20 @@ impl EvictionManager {
             }
             *p = eval.pressure;
             changed
+        });
+        self.c.journal.pass(journal::Pass {
+            at_ns: crate::clock::unix_ns(),
+            trigger: trigger.as_str(),
+            conditions: eval
+                .pressure
+                .conditions()
+                .into_iter()
+                .map(thresholds::Condition::as_str)
+                .collect(),
+            signal: eval.act_on.as_ref().map(|(t, _, _)| t.signal.as_str()),
+            threshold: eval.act_on.as_ref().map(|(_, q, _)| *q),
+            available: eval.act_on.as_ref().map(|(_, _, a)| *a),
+            evicted: None,
         });
         let Some((threshold, quantity, available)) = eval.act_on else {
             self.stuck.store(false, Ordering::Relaxed);
@@ -374,6 +475,7 @@ impl EvictionManager {
                 .with_label_values(&[t.signal.as_str()])
                 .inc();
             tracing::info!(pod = %crate::pod::key(pod), grace, %message, "eviction manager: evicting pod");
+            self.c.journal.evicted(crate::pod::key(pod));
             self.stuck.store(false, Ordering::Relaxed);
             return Some(crate::pod::uid(pod));
         }

@@ -125,6 +125,10 @@ pub(super) async fn pleg(State(s): State<Arc<Served>>) -> Response {
     axum::Json(pleg_view(&s)).into_response()
 }
 
+pub(super) async fn eviction(State(s): State<Arc<Served>>) -> Response {
+    axum::Json(s.eviction.view()).into_response()
+}
+
 pub(super) async fn timeline(
     State(s): State<Arc<Served>>,
     Path((namespace, name)): Path<(String, String)>,

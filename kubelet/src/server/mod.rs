@@ -2,7 +2,7 @@
 //! upstream's `readOnlyPort`): `/healthz`, `/pods` (a `v1.PodList` with
 //! statuses), `/metrics` (Prometheus text; the prober's on `/metrics/probes`),
 //! `/events` (pod events, e.g. OOM kills with the kernel's record),
-//! `/debug/oom` (the kernel's OOM records), `/debug/pleg` and
+//! `/debug/oom` (the kernel's OOM records), `/debug/pleg`, `/debug/eviction` and
 //! `/debug/pods/{namespace}/{name}/timeline` (`debug`, what `evlet diag`
 //! reads); the operator endpoints answer
 //! there that debug endpoints are disabled. The secured port (`secure`: TLS,
@@ -60,6 +60,8 @@ pub struct Served {
     pub stats: Arc<crate::stats::StatsProvider>,
     /// The pods' volumes (`kubelet_volume_stats_*`).
     pub volumes: crate::volume::VolumeManager,
+    /// What the eviction manager did (`/debug/eviction`).
+    pub eviction: Arc<crate::eviction::journal::Journal>,
 }
 
 impl Served {
@@ -264,6 +266,7 @@ pub fn router(served: Arc<Served>) -> Router {
         .route("/events", get(events))
         .route("/debug/oom", get(ooms))
         .route("/debug/pleg", get(debug::pleg))
+        .route("/debug/eviction", get(debug::eviction))
         .route(
             "/debug/pods/{namespace}/{name}/timeline",
             get(debug::timeline),
