@@ -405,6 +405,15 @@ impl StatsProvider {
         })
     }
 
+    /// Where the pod's emptyDir volume `name` lives.
+    pub fn empty_dir(&self, uid: &crate::pod::PodUid, name: &str) -> PathBuf {
+        self.root_dir
+            .join("pods")
+            .join(&uid.0)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(name)
+    }
+
     /// What the eviction signals are made of, without the runtime's per-pod
     /// work: the node's memory, filesystem, PIDs and (with `image_fs`, one
     /// `ImageFsInfo` call) the image filesystem.
@@ -542,12 +551,7 @@ impl StatsProvider {
         stats.network = self.pod_network(view).await;
         for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
             if v.empty_dir.is_some() {
-                let dir = self
-                    .root_dir
-                    .join("pods")
-                    .join(&uid.0)
-                    .join("volumes/kubernetes.io~empty-dir")
-                    .join(&v.name);
+                let dir = self.empty_dir(&uid, &v.name);
                 stats.volume.push(VolumeStats {
                     fs: self.usage(&dir),
                     name: v.name.clone(),

@@ -411,8 +411,13 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
         containers_ready,
         condition("PodScheduled", true, None),
     ];
-    // An evicted pod says the kubelet disrupted it (upstream's DisruptionTarget).
-    if let Some(("Evicted", message)) = extra.failure {
+    // A pod evicted for node pressure says the kubelet disrupted it (upstream's
+    // DisruptionTarget); one evicted for its own local storage does not
+    // (upstream passes no condition there). Pressure messages are upstream's
+    // `The node was low on resource: ...`.
+    if let Some(("Evicted", message)) = extra.failure
+        && message.starts_with("The node was low on resource")
+    {
         conditions.push(PodCondition {
             type_: "DisruptionTarget".into(),
             status: "True".into(),

@@ -8,6 +8,8 @@
 //! threshold; the Evicted event's time is the agent's decision. The test runs
 //! once with the kernel's memory notification and once with the 10 s timer
 //! alone, and prints both latencies side by side.
+//!
+//! An emptyDir written past its `sizeLimit` evicts its pod, and only it.
 
 #[path = "support/apiserver.rs"]
 mod apiserver;
@@ -309,6 +311,67 @@ async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
                 timer <= Duration::from_secs(12),
                 "the timer took {timer:?} (its period is 10 s)"
             );
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_dir_over_its_size_limit_evicts_its_pod_only() {
+    e2e(
+        "an_empty_dir_over_its_size_limit_evicts_its_pod_only",
+        |w| async move {
+            let api = MockApi::new();
+            let mut config = w.config();
+            config.api = Some(ApiClient::over(api.service()));
+            let agent = w.start_with(config).await;
+            let filler = |mib: u32| {
+                json!({
+                    "containers": [{"name": "app", "image": IMAGE,
+                        "command": ["sh", "-c",
+                            format!("dd if=/dev/zero of=/cache/fill bs=1048576 count={mib} && exec sleep 3600")],
+                        "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}],
+                    "volumes": [{"name": "cache", "emptyDir": {"sizeLimit": "10Mi"}}],
+                    "terminationGracePeriodSeconds": 30
+                })
+            };
+            api.create("pods", "default", api_pod(&w, "over", filler(20)));
+            api.create("pods", "default", api_pod(&w, "under", filler(5)));
+            let over = w.pod_name("over");
+            // One pass every 10 s: the pod is Failed within two of them.
+            let failed = phase(&api, &over, "Failed", Duration::from_secs(45)).await;
+            assert_eq!(failed["status"]["reason"], "Evicted", "{failed:#}");
+            assert_eq!(
+                failed["status"]["message"],
+                "Usage of EmptyDir volume \"cache\" exceeds the limit \"10Mi\". "
+            );
+            // Upstream gives a local storage eviction no DisruptionTarget.
+            let disrupted = failed["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "DisruptionTarget"));
+            assert!(!disrupted, "{failed:#}");
+            assert!(
+                agent
+                    .handles
+                    .diagnostics
+                    .events()
+                    .iter()
+                    .any(|e| e.reason == "Evicted" && e.pod == over && e.kind == "Warning"),
+                "an Evicted event"
+            );
+            let under = api
+                .get("pods", "default", &w.pod_name("under"))
+                .expect("pod");
+            assert_eq!(under["status"]["phase"], "Running", "{under:#}");
+            let (_, _, metrics) = support::http_get(agent.handles.address, "/metrics").await;
+            assert!(
+                metrics
+                    .lines()
+                    .any(|l| l == "kubelet_evictions{eviction_signal=\"emptydirfs.limit\"} 1"),
+                "kubelet_evictions counts it"
+            );
+            api.delete_pod("default", &w.pod_name("under"), Some(0));
+            agent.stop().await;
         },
     )
     .await;

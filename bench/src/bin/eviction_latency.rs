@@ -203,8 +203,9 @@ async fn rounds_of(
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        // Let the timer's phase wander between rounds.
-        tokio::time::sleep(Duration::from_millis(300 + fastrand::u64(0..1500))).await;
+        // Start at a random point of the agent's 10 s period: a round that
+        // began right after the last pass would always wait most of it.
+        tokio::time::sleep(Duration::from_millis(300 + fastrand::u64(0..10_000))).await;
         let crossed = Arc::new(AtomicI64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let sampler = std::thread::spawn({

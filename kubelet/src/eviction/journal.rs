@@ -82,15 +82,24 @@ impl Journal {
         view.last = Some(pass);
     }
 
-    /// Notes the pod the last acting pass evicted.
-    pub fn evicted(&self, pod: String) {
+    /// Notes the pod the last pass evicted, for `signal` (a threshold's, or a
+    /// local storage limit's such as `emptydirfs.limit`).
+    pub fn evicted(&self, pod: String, signal: &'static str) {
         let mut g = lock(&self.inner);
         let (view, acting) = &mut *g;
-        if let Some(p) = acting.back_mut() {
-            p.evicted = Some(pod.clone());
-        }
-        if let Some(p) = view.last.as_mut() {
-            p.evicted = Some(pod);
+        let Some(last) = view.last.as_mut() else {
+            return;
+        };
+        last.evicted = Some(pod);
+        if last.signal.is_none() {
+            // A pass without a threshold met that evicted for a local limit.
+            last.signal = Some(signal);
+            if acting.len() == KEPT {
+                acting.pop_front();
+            }
+            acting.push_back(last.clone());
+        } else if let Some(p) = acting.back_mut() {
+            *p = last.clone();
         }
     }
 
@@ -131,15 +140,23 @@ mod tests {
         for i in 0..100 {
             j.pass(pass(i, (i % 2 == 0).then_some("memory.available")));
         }
-        j.evicted("default/hog".into());
+        j.pass(pass(100, Some("memory.available")));
+        j.evicted("default/hog".into(), "memory.available");
         let v = j.view();
-        assert_eq!(v.passes["timer"], 100);
-        assert_eq!(v.acting.len(), 50.min(KEPT));
-        assert_eq!(v.acting.last().map(|p| p.at_ns), Some(98));
+        assert_eq!(v.passes["timer"], 101);
+        assert_eq!(v.acting.len(), 51.min(KEPT));
+        let last = v.acting.last().expect("acting");
         assert_eq!(
-            v.acting.last().and_then(|p| p.evicted.as_deref()),
-            Some("default/hog")
+            (last.at_ns, last.evicted.as_deref()),
+            (100, Some("default/hog"))
         );
-        assert_eq!(v.last.map(|p| p.at_ns), Some(99));
+        // A pass with no threshold met that evicted for a local limit becomes
+        // an acting pass of its own.
+        j.pass(pass(101, None));
+        j.evicted("default/big".into(), "emptydirfs.limit");
+        let v = j.view();
+        let last = v.acting.last().expect("acting");
+        assert_eq!((last.at_ns, last.signal), (101, Some("emptydirfs.limit")));
+        assert_eq!(v.last.and_then(|p| p.evicted), Some("default/big".into()));
     }
 }

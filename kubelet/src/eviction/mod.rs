@@ -392,6 +392,11 @@ impl EvictionManager {
             available: eval.act_on.as_ref().map(|(_, _, a)| *a),
             evicted: None,
         });
+        // Pods over their own local storage limits go first (upstream's
+        // localStorageEviction), whatever the node's signals say.
+        if let Some(uid) = self.local_storage().await {
+            return Some(uid);
+        }
         let Some((threshold, quantity, available)) = eval.act_on else {
             self.stuck.store(false, Ordering::Relaxed);
             return None;
@@ -475,7 +480,9 @@ impl EvictionManager {
                 .with_label_values(&[t.signal.as_str()])
                 .inc();
             tracing::info!(pod = %crate::pod::key(pod), grace, %message, "eviction manager: evicting pod");
-            self.c.journal.evicted(crate::pod::key(pod));
+            self.c
+                .journal
+                .evicted(crate::pod::key(pod), t.signal.as_str());
             self.stuck.store(false, Ordering::Relaxed);
             return Some(crate::pod::uid(pod));
         }
@@ -486,6 +493,67 @@ impl EvictionManager {
                 threshold = quantity,
                 "eviction manager: threshold met but no pod can be evicted (critical pods are never evicted)"
             );
+        }
+        None
+    }
+
+    /// Evicts the first active pod with an emptyDir volume over its
+    /// `sizeLimit` (measured now, by walking only those volumes), as upstream's
+    /// `emptyDirLimitEviction`: grace 0, upstream's message, no
+    /// `DisruptionTarget` condition, `kubelet_evictions{eviction_signal="emptydirfs.limit"}`.
+    async fn local_storage(&self) -> Option<PodUid> {
+        for view in self.c.workers.views() {
+            if view.phase != Phase::Sync {
+                continue;
+            }
+            let pod = &view.pod;
+            let uid = crate::pod::uid(pod);
+            let limited = pod
+                .spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .filter_map(|v| {
+                    let q = v.empty_dir.as_ref()?.size_limit.as_ref()?;
+                    let limit = crate::quantity::parse(&q.0).ok().filter(|l| *l > 0)?;
+                    Some((v.name.clone(), q.0.clone(), limit))
+                });
+            for (name, text, limit) in limited {
+                let dir = self.c.stats.empty_dir(&uid, &name);
+                let Ok((used, _)) =
+                    tokio::task::spawn_blocking(move || crate::stats::disk_usage(&dir)).await
+                else {
+                    continue;
+                };
+                if i64::try_from(used).unwrap_or(i64::MAX) <= limit {
+                    continue;
+                }
+                let message =
+                    format!("Usage of EmptyDir volume {name:?} exceeds the limit {text:?}. ");
+                if !self
+                    .c
+                    .workers
+                    .fail((**pod).clone(), Some(0), "Evicted", &message)
+                {
+                    break;
+                }
+                self.c.recorder.record(Event::about(
+                    pod,
+                    None,
+                    "Warning",
+                    "Evicted",
+                    message.clone(),
+                ));
+                self.c
+                    .metrics
+                    .evictions
+                    .with_label_values(&["emptydirfs.limit"])
+                    .inc();
+                tracing::info!(pod = %crate::pod::key(pod), volume = %name, used, limit, "eviction manager: evicting pod over its emptyDir sizeLimit");
+                self.c
+                    .journal
+                    .evicted(crate::pod::key(pod), "emptydirfs.limit");
+                return Some(uid);
+            }
         }
         None
     }
