@@ -300,6 +300,38 @@ pub fn markdown(results: &Results) -> String {
     out
 }
 
+/// Writes `<out>/<name>-<timestamp>.{json,md,png}` (the PNG drawn by
+/// `chart`) and, for a full run, copies them to `latest-<name>.*`.
+///
+/// # Errors
+/// If a file cannot be written or the chart cannot be drawn.
+pub fn write_results<T: serde::Serialize>(
+    out: &Path,
+    name: &str,
+    started: jiff::Timestamp,
+    results: &T,
+    md: &str,
+    quick: bool,
+    chart: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let stem = out.join(format!("{name}-{}", started.strftime("%Y%m%dT%H%M%SZ")));
+    std::fs::write(
+        stem.with_extension("json"),
+        serde_json::to_string_pretty(results)?,
+    )?;
+    std::fs::write(stem.with_extension("md"), md)?;
+    chart(&stem.with_extension("png"))?;
+    if !quick {
+        for ext in ["json", "md", "png"] {
+            std::fs::copy(
+                stem.with_extension(ext),
+                out.join(format!("latest-{name}.{ext}")),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
 /// Registers DejaVu Sans as the charts' `sans-serif` (once per process).

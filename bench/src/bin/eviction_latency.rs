@@ -336,25 +336,16 @@ async fn main() -> Result<()> {
         kernel_notification: kernel,
         timer_only: timer,
     };
-    let stem = args.out.join(format!(
-        "eviction-latency-{}",
-        started.strftime("%Y%m%dT%H%M%SZ")
-    ));
     let md = markdown(&results);
-    std::fs::write(
-        stem.with_extension("json"),
-        serde_json::to_string_pretty(&results)?,
+    evlet_bench::report::write_results(
+        &args.out,
+        "eviction-latency",
+        started,
+        &results,
+        &md,
+        results.quick,
+        |png| chart(&results, png),
     )?;
-    std::fs::write(stem.with_extension("md"), &md)?;
-    chart(&results, &stem.with_extension("png"))?;
-    if !results.quick {
-        for ext in ["json", "md", "png"] {
-            std::fs::copy(
-                stem.with_extension(ext),
-                args.out.join(format!("latest-eviction-latency.{ext}")),
-            )?;
-        }
-    }
     println!("{md}");
     Ok(())
 }

@@ -453,24 +453,16 @@ async fn main() -> Result<()> {
             results.runs.push(run);
         }
     }
-    let stem = args
-        .out
-        .join(format!("probe-cost-{}", started.strftime("%Y%m%dT%H%M%SZ")));
     let md = markdown(&results);
-    std::fs::write(
-        stem.with_extension("json"),
-        serde_json::to_string_pretty(&results)?,
+    evlet_bench::report::write_results(
+        &args.out,
+        "probe-cost",
+        started,
+        &results,
+        &md,
+        results.quick,
+        |png| chart(&results, png),
     )?;
-    std::fs::write(stem.with_extension("md"), &md)?;
-    chart(&results, &stem.with_extension("png"))?;
-    if !results.quick {
-        for ext in ["json", "md", "png"] {
-            std::fs::copy(
-                stem.with_extension(ext),
-                args.out.join(format!("latest-probe-cost.{ext}")),
-            )?;
-        }
-    }
     println!("{md}");
     let late: usize = results.runs.iter().map(|r| r.late_series).sum();
     if late > 0 && !results.quick {

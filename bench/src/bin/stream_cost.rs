@@ -602,25 +602,16 @@ async fn main() -> Result<()> {
     agent.stop().await?;
     let mut results = measured.with_context(|| format!("log {}", log.display()))?;
     results.started = started.strftime("%Y-%m-%d %H:%M UTC").to_string();
-    let stem = args.out.join(format!(
-        "stream-cost-{}",
-        started.strftime("%Y%m%dT%H%M%SZ")
-    ));
     let md = markdown(&results);
-    std::fs::write(
-        stem.with_extension("json"),
-        serde_json::to_string_pretty(&results)?,
+    evlet_bench::report::write_results(
+        &args.out,
+        "stream-cost",
+        started,
+        &results,
+        &md,
+        results.quick,
+        |png| chart(&results, png),
     )?;
-    std::fs::write(stem.with_extension("md"), &md)?;
-    chart(&results, &stem.with_extension("png"))?;
-    if !results.quick {
-        for ext in ["json", "md", "png"] {
-            std::fs::copy(
-                stem.with_extension(ext),
-                args.out.join(format!("latest-stream-cost.{ext}")),
-            )?;
-        }
-    }
     println!("{md}");
     Ok(())
 }

@@ -460,29 +460,9 @@ impl EvictionManager {
                 })
             };
             let message = rank::message(t.signal, quantity, available, pod, c.stats);
-            if !self
-                .c
-                .workers
-                .fail(pod.clone(), Some(grace), "Evicted", &message)
-            {
+            if !self.evict(pod, grace, t.signal.as_str(), message) {
                 continue;
             }
-            self.c.recorder.record(Event::about(
-                pod,
-                None,
-                "Warning",
-                "Evicted",
-                message.clone(),
-            ));
-            self.c
-                .metrics
-                .evictions
-                .with_label_values(&[t.signal.as_str()])
-                .inc();
-            tracing::info!(pod = %crate::pod::key(pod), grace, %message, "eviction manager: evicting pod");
-            self.c
-                .journal
-                .evicted(crate::pod::key(pod), t.signal.as_str());
             self.stuck.store(false, Ordering::Relaxed);
             return Some(crate::pod::uid(pod));
         }
@@ -495,6 +475,32 @@ impl EvictionManager {
             );
         }
         None
+    }
+
+    /// Evicts `pod` for `signal` (a threshold's signal or a local limit's
+    /// label): the worker fails it with `message`, a Warning `Evicted` event,
+    /// `kubelet_evictions`, the journal. False: its worker was not running it.
+    fn evict(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        grace: i64,
+        signal: &'static str,
+        message: String,
+    ) -> bool {
+        if !self
+            .c
+            .workers
+            .fail(pod.clone(), Some(grace), "Evicted", &message)
+        {
+            return false;
+        }
+        tracing::info!(pod = %crate::pod::key(pod), grace, signal, %message, "eviction manager: evicting pod");
+        self.c
+            .recorder
+            .record(Event::about(pod, None, "Warning", "Evicted", message));
+        self.c.metrics.evictions.with_label_values(&[signal]).inc();
+        self.c.journal.evicted(crate::pod::key(pod), signal);
+        true
     }
 
     /// Evicts the first active pod with an emptyDir volume over its
@@ -529,29 +535,10 @@ impl EvictionManager {
                 }
                 let message =
                     format!("Usage of EmptyDir volume {name:?} exceeds the limit {text:?}. ");
-                if !self
-                    .c
-                    .workers
-                    .fail((**pod).clone(), Some(0), "Evicted", &message)
-                {
+                tracing::debug!(pod = %crate::pod::key(pod), volume = %name, used, limit, "emptyDir over its sizeLimit");
+                if !self.evict(pod, 0, "emptydirfs.limit", message) {
                     break;
                 }
-                self.c.recorder.record(Event::about(
-                    pod,
-                    None,
-                    "Warning",
-                    "Evicted",
-                    message.clone(),
-                ));
-                self.c
-                    .metrics
-                    .evictions
-                    .with_label_values(&["emptydirfs.limit"])
-                    .inc();
-                tracing::info!(pod = %crate::pod::key(pod), volume = %name, used, limit, "eviction manager: evicting pod over its emptyDir sizeLimit");
-                self.c
-                    .journal
-                    .evicted(crate::pod::key(pod), "emptydirfs.limit");
                 return Some(uid);
             }
         }
