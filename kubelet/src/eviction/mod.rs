@@ -420,14 +420,21 @@ impl EvictionManager {
             .filter(|v| {
                 v.phase == Phase::Sync
                     && !matches!(v.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+                    && !rank::is_critical(&v.pod)
             })
             .collect();
-        let memory_only = t.signal == Signal::MemoryAvailable;
-        let summary = match self.c.stats.summary(&views, memory_only).await {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!(error = %e, "eviction: pod stats unavailable; ranking without them");
-                None
+        // Only the candidates' usage is read, and only when there are some: a
+        // node of static pods under pressure costs the runtime nothing.
+        let summary = if views.is_empty() {
+            None
+        } else {
+            let memory_only = t.signal == Signal::MemoryAvailable;
+            match self.c.stats.summary(&views, memory_only).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "eviction: pod stats unavailable; ranking without them");
+                    None
+                }
             }
         };
         let by_uid: HashMap<&str, &crate::stats::PodStats> = summary
@@ -439,7 +446,6 @@ impl EvictionManager {
         let mut candidates: Vec<rank::Candidate<'_>> = views
             .iter()
             .zip(&uids)
-            .filter(|(v, _)| !rank::is_critical(&v.pod))
             .map(|(v, uid)| rank::Candidate {
                 pod: &v.pod,
                 stats: by_uid.get(uid.as_str()).copied(),
