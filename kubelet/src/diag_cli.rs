@@ -9,6 +9,9 @@
 //!   proofs, missed events, ring-buffer losses, runtime disagreements and
 //!   lost exits, full relists and per-pod relists (per second with `--follow`).
 //! * `diag pod ns/name [--follow]`: the pod's timeline.
+//! * `diag eviction`: the eviction manager's passes, what woke them, the
+//!   kernel notifications armed, and the recent passes that found a
+//!   threshold met (signal, threshold, available, the pod evicted).
 //!
 //! A binary-only module: it is a client of the agent, not part of it.
 
@@ -64,6 +67,8 @@ enum What {
         #[arg(long)]
         follow: bool,
     },
+    /// The eviction manager's passes and evictions.
+    Eviction,
     /// A pod's timeline: kernel events, CRI calls, PLEG events, syncs,
     /// statuses, probe results and events.
     Pod {
@@ -100,6 +105,14 @@ impl Diag {
                 self.oom(*follow, since, pod).await
             }
             What::Pleg { follow } => self.pleg(*follow).await,
+            What::Eviction => {
+                let view: serde_json::Value = self.get("/debug/eviction").await?;
+                match self.output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&view)?),
+                    Output::Table => print!("{}", eviction_text(&view)),
+                }
+                Ok(())
+            }
             What::Pod { pod, follow } => self.pod(split_pod(pod)?, *follow).await,
         }
     }
@@ -302,13 +315,19 @@ fn oom_row(r: &OomRecord) -> Vec<String> {
 }
 
 fn print_table(header: &[&str], rows: &[Vec<String>], with_header: bool) {
+    print!("{}", table_text(header, rows, with_header));
+}
+
+/// Columns padded to their widest cell, the last one unpadded.
+fn table_text(header: &[&str], rows: &[Vec<String>], with_header: bool) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: Vec<&str>| {
+    let mut text = String::new();
+    let mut line = |cells: Vec<&str>| {
         let n = cells.len();
         let mut out = String::new();
         for (i, (cell, w)) in cells.into_iter().zip(&widths).enumerate() {
@@ -318,7 +337,8 @@ fn print_table(header: &[&str], rows: &[Vec<String>], with_header: bool) {
                 out.push_str(&format!("{cell:<w$}  "));
             }
         }
-        println!("{}", out.trim_end());
+        text.push_str(out.trim_end());
+        text.push('\n');
     };
     if with_header {
         line(header.to_vec());
@@ -326,10 +346,92 @@ fn print_table(header: &[&str], rows: &[Vec<String>], with_header: bool) {
     for row in rows {
         line(row.iter().map(String::as_str).collect());
     }
+    text
 }
 
 /// The `q` quantile of a histogram, interpolated within its bucket as
 /// Prometheus' `histogram_quantile` does.
+/// `/debug/eviction` as text: the kernel notifications, the passes by
+/// trigger, the last pass, then a table of the passes that acted.
+fn eviction_text(v: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let kernel = &v["kernel"];
+    let _ = writeln!(
+        out,
+        "kernel notifications: {} memory cgroup threshold(s), PSI trigger {}",
+        kernel["memcgThresholds"].as_u64().unwrap_or(0),
+        if kernel["psi"].as_bool() == Some(true) {
+            "armed"
+        } else {
+            "not armed"
+        }
+    );
+    let passes: Vec<String> = v["passes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    let _ = writeln!(out, "passes: {}", passes.join(", "));
+    let conditions = |p: &serde_json::Value| {
+        let c: Vec<&str> = p["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.as_str())
+            .collect();
+        if c.is_empty() {
+            "none".to_owned()
+        } else {
+            c.join(" ")
+        }
+    };
+    if v["last"].is_object() {
+        let last = &v["last"];
+        let _ = writeln!(
+            out,
+            "last pass: {} ({}), pressure: {}",
+            format_time(last["atNs"].as_i64().unwrap_or(0)),
+            last["trigger"].as_str().unwrap_or(""),
+            conditions(last)
+        );
+    }
+    let rows: Vec<Vec<String>> = v["acting"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let n = |k: &str| p[k].as_i64().map_or(String::new(), |x| x.to_string());
+            vec![
+                format_time(p["atNs"].as_i64().unwrap_or(0)),
+                p["trigger"].as_str().unwrap_or("").to_owned(),
+                p["signal"].as_str().unwrap_or("").to_owned(),
+                n("threshold"),
+                n("available"),
+                p["evicted"].as_str().unwrap_or("-").to_owned(),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        out.push_str("no pass has found a threshold met\n");
+    } else {
+        out.push_str(&table_text(
+            &[
+                "TIME",
+                "TRIGGER",
+                "SIGNAL",
+                "THRESHOLD",
+                "AVAILABLE",
+                "EVICTED",
+            ],
+            &rows,
+            true,
+        ));
+    }
+    out
+}
+
 fn quantile(h: &HistogramView, q: f64) -> Option<f64> {
     if h.count == 0 {
         return None;
@@ -468,6 +570,32 @@ mod tests {
         };
         assert_eq!(quantile(&h, 0.5), Some(0.0015));
         assert_eq!(quantile(&HistogramView::default(), 0.5), None);
+    }
+
+    #[test]
+    fn the_eviction_journal_reads_as_a_table() {
+        let v = serde_json::json!({
+            "passes": {"memcg": 2, "timer": 7},
+            "kernel": {"memcgThresholds": 1, "psi": true},
+            "last": {"atNs": 0, "trigger": "memcg", "conditions": ["MemoryPressure"]},
+            "acting": [{"atNs": 0, "trigger": "memcg", "conditions": ["MemoryPressure"],
+                        "signal": "memory.available", "threshold": 104857600,
+                        "available": 99614720, "evicted": "default/hog"}]
+        });
+        let text = eviction_text(&v);
+        assert!(text.starts_with(
+            "kernel notifications: 1 memory cgroup threshold(s), PSI trigger armed\npasses: memcg 2, timer 7\n"
+        ), "{text}");
+        assert!(text.contains("(memcg), pressure: MemoryPressure"), "{text}");
+        let rows: Vec<&str> = text.lines().skip(3).collect();
+        assert!(
+            rows[0].starts_with("TIME") && rows[0].ends_with("EVICTED"),
+            "{text}"
+        );
+        assert!(
+            rows[1].contains("memory.available  104857600  99614720   default/hog"),
+            "{text}"
+        );
     }
 
     #[test]
