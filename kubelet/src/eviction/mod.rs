@@ -515,7 +515,8 @@ impl EvictionManager {
     /// `DisruptionTarget` condition, `kubelet_evictions{eviction_signal="emptydirfs.limit"}`.
     async fn local_storage(&self) -> Option<PodUid> {
         for view in self.c.workers.views() {
-            if view.phase != Phase::Sync {
+            // Critical pods are never evicted, for their storage neither.
+            if view.phase != Phase::Sync || rank::is_critical(&view.pod) {
                 continue;
             }
             let pod = &view.pod;
