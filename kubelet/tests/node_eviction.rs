@@ -15,7 +15,6 @@
 mod apiserver;
 mod support;
 
-use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
@@ -32,22 +31,6 @@ use support::{IMAGE, World, e2e};
 /// memory by less than the margin).
 const MARGIN: u64 = 2 << 30;
 const HOG_MIB: u64 = 3 << 10;
-
-/// One test moving the node's memory at a time: the containerd lines run
-/// their suites in parallel, and each would push the others' nodes under
-/// their thresholds. An exclusive `flock`, released when the file closes.
-fn node_memory_lock() -> std::fs::File {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open("/tmp/evlet-node-memory-test.lock")
-        .expect("lock file");
-    // SAFETY: a valid open descriptor; flock takes no pointers.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-    file
-}
 
 fn v1_root() -> Option<std::path::PathBuf> {
     match evlet::cgroups::memory_hierarchy() {
@@ -294,7 +277,7 @@ async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
     e2e(
         "a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold",
         |w| async move {
-            let _lock = tokio::task::spawn_blocking(node_memory_lock)
+            let _lock = tokio::task::spawn_blocking(|| support::node_memory_lock(true))
                 .await
                 .expect("lock");
             let kernel = hog_is_evicted(&w, "k", true).await;

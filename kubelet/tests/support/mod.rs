@@ -60,6 +60,30 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, S
     )
 }
 
+/// The machine's memory, between the containerd lines' suites (they run in
+/// parallel): the test that moves `memory.available` across a threshold holds
+/// it exclusively, tests that start many pods (hundreds of shims, about a GiB)
+/// hold it shared, so neither pushes the other's node under its threshold. An
+/// `flock`, released when the file closes.
+pub fn node_memory_lock(exclusive: bool) -> std::fs::File {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/evlet-node-memory-test.lock")
+        .expect("lock file");
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    // SAFETY: a valid open descriptor; flock takes no pointers.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    file
+}
+
 /// The eviction settings of test agents: upstream's memory threshold alone.
 /// The disk thresholds stay off: this machine kind's root filesystem runs with
 /// less free space than upstream's 10 % `nodefs.available` (7.9 % measured),
