@@ -198,6 +198,11 @@ pub trait EventRecorder: Send + Sync + std::fmt::Debug {
     fn name_pod(&self, uid: &str, namespace: &str, name: &str) {
         let _ = (uid, namespace, name);
     }
+
+    /// Notes that the pod `uid`'s container `id` is named `name`.
+    fn name_container(&self, uid: &str, id: &str, name: &str) {
+        let _ = (uid, id, name);
+    }
 }
 
 impl EventRecorder for Diagnostics {
@@ -211,6 +216,10 @@ impl EventRecorder for Diagnostics {
 
     fn name_pod(&self, uid: &str, namespace: &str, name: &str) {
         crate::lock::lock(&self.timelines).name(uid, namespace, name);
+    }
+
+    fn name_container(&self, uid: &str, id: &str, name: &str) {
+        crate::lock::lock(&self.timelines).name_container(uid, id, name);
     }
 }
 
@@ -299,6 +308,12 @@ impl Diagnostics {
         crate::lock::lock(&self.timelines)
             .find(namespace, name)
             .cloned()
+    }
+
+    /// The namespace, name and container name the timelines know for the pod
+    /// `uid` and its container `id` (empty where unknown).
+    pub fn identify(&self, uid: &str, id: &str) -> Option<(String, String, String)> {
+        crate::lock::lock(&self.timelines).identify(uid, id)
     }
 
     /// Single-pod relists per pod with a timeline.

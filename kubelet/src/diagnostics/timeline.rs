@@ -78,6 +78,11 @@ pub struct PodTimeline {
     /// When it was last touched (a sequence number), for eviction.
     #[serde(default)]
     pub touched: u64,
+    /// Its containers' names by container ID, as the syncer created them: a
+    /// kernel record about a container the pod cache does not show yet (an
+    /// OOM kill right after the start) still names it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub containers: std::collections::BTreeMap<String, String>,
 }
 
 /// Every kept timeline.
@@ -185,6 +190,24 @@ impl Timelines {
         }
     }
 
+    /// Notes that the pod `uid`'s container `id` is named `name`.
+    pub fn name_container(&mut self, uid: &str, id: &str, name: &str) {
+        self.pod(uid)
+            .containers
+            .insert(id.to_owned(), name.to_owned());
+    }
+
+    /// The namespace, name and container name known for the pod `uid` and its
+    /// container `id` (empty strings where unknown); None: no timeline.
+    pub fn identify(&self, uid: &str, id: &str) -> Option<(String, String, String)> {
+        let p = self.pods.get(uid)?;
+        Some((
+            p.namespace.clone(),
+            p.name.clone(),
+            p.containers.get(id).cloned().unwrap_or_default(),
+        ))
+    }
+
     /// The timeline of the pod `namespace/name` (the most recently touched,
     /// if several pods of that name were kept).
     pub fn find(&self, namespace: &str, name: &str) -> Option<&PodTimeline> {
@@ -256,6 +279,22 @@ mod tests {
         let what = &changed[0].entries[0].what;
         assert!(what.len() <= WHAT_MAX + '…'.len_utf8());
         assert!(what.ends_with('…'));
+    }
+
+    #[test]
+    fn a_container_the_syncer_named_is_identified_by_its_id() {
+        let mut t = Timelines::default();
+        assert_eq!(t.identify("a", "c1"), None);
+        t.name("a", "ns", "p");
+        t.name_container("a", "c1", "hog");
+        assert_eq!(
+            t.identify("a", "c1"),
+            Some(("ns".into(), "p".into(), "hog".into()))
+        );
+        assert_eq!(
+            t.identify("a", "c2"),
+            Some(("ns".into(), "p".into(), String::new()))
+        );
     }
 
     #[test]

@@ -514,7 +514,7 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
             };
             let status = ctx.cache.get(&owner.uid).and_then(|e| e.status.ok());
             let container = owner.container.clone().unwrap_or_default();
-            let name = status
+            let mut name = status
                 .as_ref()
                 .and_then(|s| {
                     s.containers
@@ -523,10 +523,22 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
                         .map(|c| c.name.clone())
                 })
                 .unwrap_or_default();
-            let (namespace, pod) = status
+            let (mut namespace, mut pod) = status
                 .as_ref()
                 .map(|s| (s.namespace.clone(), s.name.clone()))
                 .unwrap_or_default();
+            // Killed before a relist showed the container (an OOM right after
+            // its start): the names the agent gave it when it made it.
+            if (name.is_empty() || pod.is_empty())
+                && let Some((ns, p, c)) = ctx.diagnostics.identify(&owner.uid.0, &container)
+            {
+                if pod.is_empty() {
+                    (namespace, pod) = (ns, p);
+                }
+                if name.is_empty() {
+                    name = c;
+                }
+            }
             ctx.metrics
                 .oom_kills
                 .with_label_values(&[&namespace, &pod, &name])

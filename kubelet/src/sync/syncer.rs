@@ -589,7 +589,11 @@ impl Syncer {
             ),
         );
         let id = match created {
-            Ok(id) => id,
+            Ok(id) => {
+                self.events
+                    .name_container(&pod::uid(pod).0, id.as_str(), &c.name);
+                id
+            }
             Err(e) if e.is_retryable() => return Err(Start::Runtime(e)),
             Err(e) => {
                 return Err(Start::Waiting(
