@@ -70,6 +70,16 @@ pub enum MemoryHierarchy {
     V2(PathBuf),
 }
 
+/// The root of the v1 `memory` controller (None on pure cgroup v2): where the
+/// node's memory is read as upstream's cAdvisor reads it, and where usage
+/// thresholds can be armed.
+pub fn memcg_v1_root() -> Option<PathBuf> {
+    match memory_hierarchy()? {
+        MemoryHierarchy::V1(root) => Some(root),
+        MemoryHierarchy::V2(_) => None,
+    }
+}
+
 /// The host's memory hierarchy, if any.
 pub fn memory_hierarchy() -> Option<MemoryHierarchy> {
     let mut v2 = None;

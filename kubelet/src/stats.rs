@@ -295,10 +295,7 @@ impl StatsProvider {
             node_name,
             last_cpu: Mutex::default(),
             du: Mutex::default(),
-            memcg_v1_root: match crate::cgroups::memory_hierarchy() {
-                Some(crate::cgroups::MemoryHierarchy::V1(root)) => Some(root),
-                _ => None,
-            },
+            memcg_v1_root: crate::cgroups::memcg_v1_root(),
         }
     }
 

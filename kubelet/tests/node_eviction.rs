@@ -32,15 +32,8 @@ use support::{IMAGE, World, e2e};
 const MARGIN: u64 = 2 << 30;
 const HOG_MIB: u64 = 3 << 10;
 
-fn v1_root() -> Option<std::path::PathBuf> {
-    match evlet::cgroups::memory_hierarchy() {
-        Some(evlet::cgroups::MemoryHierarchy::V1(root)) => Some(root),
-        _ => None,
-    }
-}
-
 fn available() -> u64 {
-    NodeMemory::read(v1_root().as_deref())
+    NodeMemory::read(evlet::cgroups::memcg_v1_root().as_deref())
         .expect("node memory")
         .available()
 }
@@ -59,7 +52,7 @@ impl Sampler {
         let thread = std::thread::spawn({
             let (crossed, stop) = (Arc::clone(&crossed), Arc::clone(&stop));
             move || {
-                let root = v1_root();
+                let root = evlet::cgroups::memcg_v1_root();
                 while !stop.load(Ordering::Relaxed) {
                     let now = evlet::clock::unix_ns();
                     if let Some(m) = NodeMemory::read(root.as_deref())

@@ -82,15 +82,8 @@ struct Results {
     timer_only: Latency,
 }
 
-fn v1_root() -> Option<PathBuf> {
-    match evlet::cgroups::memory_hierarchy() {
-        Some(evlet::cgroups::MemoryHierarchy::V1(root)) => Some(root),
-        _ => None,
-    }
-}
-
 fn available() -> Result<u64> {
-    Ok(NodeMemory::read(v1_root().as_deref())
+    Ok(NodeMemory::read(evlet::cgroups::memcg_v1_root().as_deref())
         .context("cannot read the node's memory")?
         .available())
 }
@@ -98,7 +91,7 @@ fn available() -> Result<u64> {
 /// Samples `memory.available` every millisecond; keeps the first moment it
 /// was below `threshold` (Unix ns).
 fn sample(threshold: u64, crossed: Arc<AtomicI64>, stop: Arc<AtomicBool>) {
-    let root = v1_root();
+    let root = evlet::cgroups::memcg_v1_root();
     while !stop.load(Ordering::Relaxed) {
         let now = evlet::clock::unix_ns();
         if let Some(m) = NodeMemory::read(root.as_deref())
@@ -327,7 +320,7 @@ async fn main() -> Result<()> {
             .trim()
             .to_owned(),
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cgroup: if v1_root().is_some() {
+        cgroup: if evlet::cgroups::memcg_v1_root().is_some() {
             "cgroup v1 memory controller".into()
         } else {
             "cgroup v2".into()

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::thresholds::{Condition, Settings, Signal, Threshold};
-use crate::stats::Summary;
+use crate::stats::NodeStats;
 
 /// One signal as observed: what is available of what capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,11 +26,10 @@ fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// The signals of a stats summary, as upstream's `makeSignalObservations`
+/// The signals of the node's stats, as upstream's `makeSignalObservations`
 /// reads them. A signal whose numbers are missing is not observed.
-pub fn observe(summary: &Summary) -> Observations {
+pub fn observe(node: &NodeStats) -> Observations {
     let mut o = Observations::new();
-    let node = &summary.node;
     if let Some(m) = &node.memory
         && let (Some(available), Some(ws)) = (m.available_bytes, m.working_set_bytes)
     {

@@ -175,10 +175,7 @@ impl EvictionManager {
     /// [`EvictionManager::pressure`] before running it.
     pub fn new(settings: Settings, c: Collaborators) -> Self {
         let (pressure, _) = watch::channel(Pressure::default());
-        let memcg_v1_root = match crate::cgroups::memory_hierarchy() {
-            Some(crate::cgroups::MemoryHierarchy::V1(root)) => Some(root),
-            _ => None,
-        };
+        let memcg_v1_root = crate::cgroups::memcg_v1_root();
         Self {
             settings,
             c,
@@ -364,11 +361,7 @@ impl EvictionManager {
     /// One evaluation; evicts at most one pod, whose UID it returns.
     async fn pass(&self, state: &mut decide::State, trigger: Trigger) -> Option<PodUid> {
         let node = self.c.stats.node_resources(self.image_fs_needed()).await;
-        let summary = crate::stats::Summary {
-            node,
-            pods: Vec::new(),
-        };
-        let observations = decide::observe(&summary);
+        let observations = decide::observe(&node);
         let eval = state.evaluate(&self.settings, &observations, std::time::Instant::now());
         self.pressure.send_if_modified(|p| {
             let changed = *p != eval.pressure;
