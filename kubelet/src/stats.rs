@@ -242,6 +242,14 @@ pub struct VolumeStats {
     pub name: String,
 }
 
+/// A running container of a pod, as the runtime lists it, with its stats.
+struct Running<'a> {
+    id: &'a str,
+    name: &'a str,
+    created_at: i64,
+    stats: &'a api::ContainerStats,
+}
+
 /// Why no summary could be made.
 #[derive(Debug, thiserror::Error)]
 pub enum StatsError {
@@ -309,17 +317,45 @@ impl StatsProvider {
         views: &[PodView],
         only_cpu_and_memory: bool,
     ) -> Result<Summary, StatsError> {
-        let stats = self
-            .runtime
-            .list_container_stats(ContainerFilter::new())
-            .await?;
+        // As upstream's CRI stats provider: the pods' running containers as the
+        // runtime lists them (the status may not show a just-started one yet),
+        // each with its stats.
+        let (running, stats) = tokio::try_join!(
+            self.runtime.list_containers(
+                ContainerFilter::new().state(api::ContainerState::ContainerRunning)
+            ),
+            self.runtime.list_container_stats(ContainerFilter::new()),
+        )?;
         let by_id: HashMap<&str, &api::ContainerStats> = stats
             .iter()
             .filter_map(|s| s.attributes.as_ref().map(|a| (a.id.as_str(), s)))
             .collect();
+        let mut by_pod: HashMap<&str, Vec<Running<'_>>> = HashMap::new();
+        for c in &running {
+            let (Some(uid), Some(stats)) = (
+                c.labels.get(crate::pod::labels::POD_UID),
+                by_id.get(c.id.as_str()),
+            ) else {
+                continue;
+            };
+            let name = c
+                .labels
+                .get(crate::pod::labels::CONTAINER_NAME)
+                .map(String::as_str)
+                .or_else(|| c.metadata.as_ref().map(|m| m.name.as_str()))
+                .unwrap_or_default();
+            by_pod.entry(uid.as_str()).or_default().push(Running {
+                id: &c.id,
+                name,
+                created_at: c.created_at,
+                stats,
+            });
+        }
         let mut pods = Vec::new();
         for view in views {
-            if let Some(p) = self.pod(view, &by_id, only_cpu_and_memory).await {
+            let uid = crate::pod::uid(&view.pod);
+            let running = by_pod.remove(uid.0.as_str()).unwrap_or_default();
+            if let Some(p) = self.pod(view, running, only_cpu_and_memory).await {
                 pods.push(p);
             }
         }
@@ -453,29 +489,41 @@ impl StatsProvider {
     async fn pod(
         &self,
         view: &PodView,
-        by_id: &HashMap<&str, &api::ContainerStats>,
+        mut running: Vec<Running<'_>>,
         only_cpu_and_memory: bool,
     ) -> Option<PodStats> {
         let pod = &view.pod;
         let uid = crate::pod::uid(pod);
+        // Spec order, as the status lists them.
+        let order = |name: &str| {
+            pod.spec
+                .iter()
+                .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+                .position(|c| c.name == name)
+                .unwrap_or(usize::MAX)
+        };
+        running.sort_by_key(|r| (order(r.name), r.created_at));
         let mut containers = Vec::new();
-        for cs in view.status.container_statuses.iter().flatten() {
-            let Some(running) = cs.state.as_ref().and_then(|s| s.running.as_ref()) else {
-                continue;
-            };
-            let Some(id) = cs
-                .container_id
-                .as_deref()
-                .map(|i| i.split_once("://").map_or(i, |(_, x)| x))
-            else {
-                continue;
-            };
-            let Some(s) = by_id.get(id) else {
-                continue;
-            };
+        for r in running {
+            let s = r.stats;
+            // The status's start time when it shows this instance running, else
+            // the runtime's creation time (upstream uses the latter).
+            let start_time = view
+                .status
+                .container_statuses
+                .iter()
+                .flatten()
+                .chain(view.status.init_container_statuses.iter().flatten())
+                .filter(|cs| {
+                    cs.container_id
+                        .as_deref()
+                        .is_some_and(|i| i.split_once("://").map_or(i, |(_, x)| x) == r.id)
+                })
+                .find_map(|cs| cs.state.as_ref()?.running.as_ref()?.started_at.clone())
+                .or_else(|| crate::clock::time_of(r.created_at));
             containers.push(ContainerStats {
-                name: cs.name.clone(),
-                start_time: running.started_at.clone(),
+                name: r.name.to_owned(),
+                start_time,
                 cpu: s.cpu.as_ref().map(|c| CpuStats {
                     time: now(),
                     usage_nano_cores: val(c.usage_nano_cores.as_ref()),
@@ -500,7 +548,7 @@ impl StatsProvider {
                         ..FsStats::default()
                     }),
                 logs: (!only_cpu_and_memory).then(|| {
-                    let dir = crate::sync::spec::log_dir_of(&self.pod_logs_dir, pod).join(&cs.name);
+                    let dir = crate::sync::spec::log_dir_of(&self.pod_logs_dir, pod).join(r.name);
                     self.usage(&dir)
                 }),
             });

@@ -259,3 +259,50 @@ async fn a_missing_image_waits_with_err_image_pull() {
     assert_eq!(rig.server.runtime().calls("CreateContainer"), 0);
     assert_eq!(phase(&rig, "noimage").as_deref(), Some("Pending"));
 }
+
+/// The stats summary takes a pod's running containers from the runtime, as
+/// upstream's CRI stats provider does, so a container whose start the status
+/// does not show yet still has its usage (the eviction manager ranks and names
+/// it by that usage).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stats_summary_names_running_containers_the_status_does_not_show() {
+    let rig = rig().await;
+    let p = pod(
+        "statsy",
+        &format!(
+            "  containers:\n  - {{name: app, image: {IMAGE}}}\n  - {{name: side, image: {IMAGE}}}\n"
+        ),
+    );
+    add(&rig, &p);
+    eventually(Duration::from_secs(10), "Running", || async {
+        (phase(&rig, "statsy").as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let mut view = rig.workers.view(&PodUid::from("statsy")).expect("view");
+    // The status as it was before the PLEG saw the containers start.
+    view.status = Default::default();
+    let client =
+        evlet_cri::RuntimeClient::connect(&rig.server.endpoint(), evlet_cri::Options::default())
+            .expect("endpoint");
+    let root = tempfile::tempdir().expect("root");
+    let stats = evlet::stats::StatsProvider::new(
+        client,
+        root.path().to_path_buf(),
+        root.path().join("logs"),
+        "n".into(),
+    );
+    let summary = stats.summary(&[view], true).await.expect("summary");
+    let pod = summary
+        .pods
+        .iter()
+        .find(|s| s.pod_ref.uid == "statsy")
+        .expect("the pod's stats");
+    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["app", "side"], "spec order");
+    assert!(
+        pod.containers
+            .iter()
+            .all(|c| c.start_time.is_some() && c.memory.is_some()),
+        "{pod:?}"
+    );
+}
