@@ -232,9 +232,22 @@ pub async fn start(
     )
     .await?;
     let secure_address = start_secure(&config, &served, &shutdown).await?;
+    let images = Arc::new(crate::image_gc::ImageGc::new(
+        config.image_gc.clone(),
+        crate::image_gc::Collaborators {
+            runtime: client.clone(),
+            stats: Arc::clone(&served.stats),
+            recorder: Arc::clone(&diagnostics) as Arc<dyn EventRecorder>,
+            metrics: Arc::clone(&metrics),
+            node_name: config.node_name.clone(),
+            pod_infra_image: config.pod_infra_container_image.clone(),
+        },
+    ));
+    tokio::spawn(Arc::clone(&images).run(shutdown.child_token()));
     let eviction = EvictionManager::new(
         config.eviction.clone(),
         crate::eviction::Collaborators {
+            images,
             stats: Arc::clone(&served.stats),
             workers: workers.clone(),
             recorder: Arc::clone(&diagnostics) as Arc<dyn EventRecorder>,

@@ -87,6 +87,10 @@ pub struct Config {
     pub pods: PodSettings,
     /// The eviction manager's thresholds and periods.
     pub eviction: crate::eviction::Settings,
+    /// The image garbage collector's thresholds and ages.
+    pub image_gc: crate::image_gc::Policy,
+    /// `--pod-infra-container-image`: an image the image GC never removes.
+    pub pod_infra_container_image: Option<String>,
     /// `--node-labels`: labels the node registers with, beside its defaults.
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// The secured kubelet API (`port`, TLS, authentication, authorization);
@@ -328,6 +332,18 @@ pub struct KubeletConfiguration {
     pub merge_default_eviction_settings: Option<bool>,
     /// Kernel memory notifications wake the eviction manager (evlet: on).
     pub kernel_memcg_notification: Option<bool>,
+    /// Image filesystem usage (percent) that starts image GC (85).
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    pub image_gc_high_threshold_percent: Option<i32>,
+    /// The usage image GC frees down to (80).
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    pub image_gc_low_threshold_percent: Option<i32>,
+    /// An image younger than this is never removed (Go duration, `2m`).
+    #[serde(rename = "imageMinimumGCAge")]
+    pub image_minimum_gc_age: Option<String>,
+    /// An image unused for longer is removed (Go duration; `0s`: never).
+    #[serde(rename = "imageMaximumGCAge")]
+    pub image_maximum_gc_age: Option<String>,
 }
 
 const KNOWN: &[&str] = &[
@@ -371,6 +387,10 @@ const KNOWN: &[&str] = &[
     "evictionMaxPodGracePeriod",
     "mergeDefaultEvictionSettings",
     "kernelMemcgNotification",
+    "imageGCHighThresholdPercent",
+    "imageGCLowThresholdPercent",
+    "imageMinimumGCAge",
+    "imageMaximumGCAge",
 ];
 
 /// `authentication` of a KubeletConfiguration.
@@ -822,7 +842,35 @@ impl KubeletConfiguration {
         }
         check_pod_settings(&cfg.pod_settings()).map_err(invalid)?;
         cfg.eviction_settings().map_err(invalid)?;
+        cfg.image_gc_policy().map_err(invalid)?;
         Ok(cfg)
+    }
+
+    /// The image GC policy this file asks for, upstream's defaults for the rest.
+    ///
+    /// # Errors
+    /// Upstream's message naming the field.
+    pub fn image_gc_policy(&self) -> Result<crate::image_gc::Policy, String> {
+        let d = crate::image_gc::Policy::default();
+        let age = |field: &str, v: &Option<String>, default| {
+            v.as_deref()
+                .map(|t| parse_duration(t).map_err(|e| format!("{field}: {e}")))
+                .transpose()
+                .map(|d| d.unwrap_or(default))
+        };
+        let policy = crate::image_gc::Policy {
+            high_threshold_percent: self
+                .image_gc_high_threshold_percent
+                .unwrap_or(d.high_threshold_percent),
+            low_threshold_percent: self
+                .image_gc_low_threshold_percent
+                .unwrap_or(d.low_threshold_percent),
+            min_age: age("imageMinimumGCAge", &self.image_minimum_gc_age, d.min_age)?,
+            max_age: age("imageMaximumGCAge", &self.image_maximum_gc_age, d.max_age)?,
+            period: d.period,
+        };
+        policy.validate()?;
+        Ok(policy)
     }
 
     /// The eviction settings this file asks for, upstream's defaults for the rest.

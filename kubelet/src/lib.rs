@@ -17,6 +17,7 @@
 //! * [`pleg`]: the relister (single writer of [`cache`]) and PLEG modes.
 //! * [`eviction`]: the eviction manager (node pressure conditions, evicting
 //!   pods when memory, disk or PIDs run low; kernel memory notifications).
+//! * [`image_gc`]: the image garbage collector (disk thresholds, maximum age).
 //! * [`prober`]: liveness, readiness and startup probes; [`probe`]: the checks
 //!   themselves (exec, HTTP, TCP, gRPC), shared with lifecycle hooks.
 //! * [`runtime`]: the CRI seen as pods; [`logs`]: the CRI log format.
@@ -40,6 +41,7 @@ pub mod downward;
 pub mod envvars;
 pub mod eviction;
 pub mod health;
+pub mod image_gc;
 pub mod lock;
 pub mod logrotate;
 pub mod logs;

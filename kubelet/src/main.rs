@@ -39,6 +39,19 @@ struct Flags {
     /// Grace period of pods evicted for soft thresholds, in seconds.
     #[arg(long)]
     eviction_max_pod_grace_period: Option<i64>,
+    /// Image filesystem usage (percent) at which image GC starts (85).
+    #[arg(long)]
+    image_gc_high_threshold: Option<i32>,
+    /// Image filesystem usage (percent) image GC frees down to (80).
+    #[arg(long)]
+    image_gc_low_threshold: Option<i32>,
+    /// Minimum age of an image the image GC removes (`2m0s`).
+    #[arg(long)]
+    minimum_image_ttl_duration: Option<String>,
+    /// An image the image GC never removes (the runtime's sandbox image is
+    /// protected anyway: pinned by containerd ≥ 1.7, read from its config on 1.6).
+    #[arg(long)]
+    pod_infra_container_image: Option<String>,
     /// Static pod manifest directory (or file).
     #[arg(long)]
     pod_manifest_path: Option<PathBuf>,
@@ -176,6 +189,16 @@ fn effective(flags: Flags) -> Result<Config> {
     if let Some(g) = flags.eviction_max_pod_grace_period {
         file.eviction_max_pod_grace_period = Some(g);
     }
+    if let Some(p) = flags.image_gc_high_threshold {
+        file.image_gc_high_threshold_percent = Some(p);
+    }
+    if let Some(p) = flags.image_gc_low_threshold {
+        file.image_gc_low_threshold_percent = Some(p);
+    }
+    if let Some(a) = flags.minimum_image_ttl_duration.clone() {
+        file.image_minimum_gc_age = Some(a);
+    }
+    let image_gc = file.image_gc_policy().map_err(anyhow::Error::msg)?;
     let duration = |v: Option<&String>, default: Duration| -> Result<Duration> {
         v.map(|s| config::parse_duration(s).map_err(anyhow::Error::from))
             .transpose()
@@ -267,6 +290,8 @@ fn effective(flags: Flags) -> Result<Config> {
         },
         pods,
         eviction,
+        image_gc,
+        pod_infra_container_image: flags.pod_infra_container_image,
         node_labels,
         secure,
     })

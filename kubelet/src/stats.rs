@@ -476,7 +476,9 @@ impl StatsProvider {
         }
     }
 
-    async fn image_fs(&self) -> Option<FsStats> {
+    /// The runtime's image filesystem: capacity and availability of the
+    /// filesystem it is on, the runtime's own usage.
+    pub async fn image_fs(&self) -> Option<FsStats> {
         let info = self.runtime.image_fs_info().await.ok()?;
         let fs = info.image_filesystems.first()?;
         let mount = fs.fs_id.as_ref().map(|i| PathBuf::from(&i.mountpoint));

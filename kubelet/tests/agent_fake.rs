@@ -64,6 +64,12 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
             ..Default::default()
         })
         .expect("valid eviction settings"),
+        image_gc: evlet::image_gc::Policy {
+            high_threshold_percent: 100,
+            low_threshold_percent: 80,
+            ..Default::default()
+        },
+        pod_infra_container_image: None,
     }
 }
 

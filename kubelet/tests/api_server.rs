@@ -522,6 +522,7 @@ async fn a_final_delete_never_removes_a_new_pod_of_the_same_name() {
 
 fn event(reason: &str, message: &str) -> evlet::diagnostics::Event {
     evlet::diagnostics::Event {
+        node: false,
         kind: "Warning".into(),
         reason: reason.into(),
         message: message.into(),

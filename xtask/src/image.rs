@@ -20,6 +20,11 @@ use crate::{paths, sh};
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
 /// Name of the workload image used by examples and tests.
 pub const TEST_IMAGE: &str = "evlet.local/test:v1";
+/// An image no pod uses (the image GC test removes it; `node up` and the test
+/// import it again).
+pub const SPARE_IMAGE: &str = "evlet.local/spare:v1";
+/// The spare image's archive, under the images directory.
+pub const SPARE_FILE: &str = "spare.oci.tar";
 
 const BUSYBOX: &str = "/bin/busybox";
 const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -33,7 +38,7 @@ struct Spec {
     cmd: &'static [&'static str],
 }
 
-const IMAGES: [Spec; 2] = [
+const IMAGES: [Spec; 3] = [
     Spec {
         name: PAUSE_IMAGE,
         file: "pause.oci.tar",
@@ -46,6 +51,13 @@ const IMAGES: [Spec; 2] = [
         entrypoint: &[],
         cmd: &["/bin/sh"],
     },
+    // The same layer, another config: an image of its own ID.
+    Spec {
+        name: SPARE_IMAGE,
+        file: SPARE_FILE,
+        entrypoint: &[],
+        cmd: &["/bin/true"],
+    },
 ];
 
 /// Builds every image archive (if its inputs changed) and returns `(name, path)` pairs.
@@ -54,7 +66,7 @@ pub fn build_all() -> Result<Vec<(&'static str, PathBuf)>> {
         bail!("{BUSYBOX} is missing (Debian package busybox-static): run `cargo xtask setup`");
     }
     let tools = build_tools()?;
-    let dir = paths::tools().join("images");
+    let dir = dir();
     fs::create_dir_all(&dir)?;
     let layer = layer(&tools)?;
     let mut out = Vec::new();
@@ -64,6 +76,11 @@ pub fn build_all() -> Result<Vec<(&'static str, PathBuf)>> {
         out.push((spec.name, path));
     }
     Ok(out)
+}
+
+/// Where the image archives are written.
+pub fn dir() -> PathBuf {
+    paths::tools().join("images")
 }
 
 /// Builds `pause`, `memhog`, `burst`, `now` and `grpc-health` as static binaries.

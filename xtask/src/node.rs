@@ -107,6 +107,17 @@ impl Node {
             ("EVLET_CGROUP_ROOT".into(), self.cgroup_root()),
             ("EVLET_PAUSE_IMAGE".into(), image::PAUSE_IMAGE.into()),
             ("EVLET_TEST_IMAGE".into(), image::TEST_IMAGE.into()),
+            ("EVLET_SPARE_IMAGE".into(), image::SPARE_IMAGE.into()),
+            (
+                "EVLET_SPARE_IMAGE_ARCHIVE".into(),
+                image::dir().join(image::SPARE_FILE).display().to_string(),
+            ),
+            (
+                "EVLET_CTR".into(),
+                containerd::binaries(self.version)
+                    .map(|b| b.ctr.display().to_string())
+                    .unwrap_or_default(),
+            ),
         ]
     }
 

@@ -79,9 +79,9 @@ pub fn object(e: &Event, node: &str, name: String) -> V1Event {
         },
         involved_object: ObjectReference {
             api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
+            kind: Some(if e.node { "Node" } else { "Pod" }.into()),
             name: Some(e.pod.clone()),
-            namespace: Some(e.namespace.clone()),
+            namespace: (!e.node).then(|| e.namespace.clone()),
             uid: Some(e.pod_uid.clone()),
             field_path: e.field_path.clone(),
             ..Default::default()
@@ -216,6 +216,7 @@ mod tests {
     #[test]
     fn the_event_names_the_pod_and_container_like_upstream() {
         let e = Event {
+            node: false,
             kind: "Normal".into(),
             reason: "Started".into(),
             message: "Started container app".into(),

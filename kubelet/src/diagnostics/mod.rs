@@ -110,10 +110,13 @@ impl OomRecord {
     }
 }
 
-/// A Kubernetes-style event about a pod.
+/// A Kubernetes-style event about a pod (or, with `node`, about the node).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
+    /// About the node (`pod` and `podUid` hold its name), not a pod.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub node: bool,
     /// `Normal` or `Warning`.
     #[serde(rename = "type")]
     pub kind: String,
@@ -148,6 +151,7 @@ impl Event {
         message: String,
     ) -> Self {
         Self {
+            node: false,
             kind: kind.into(),
             reason: reason.into(),
             message,
@@ -156,6 +160,23 @@ impl Event {
             pod_uid: crate::pod::uid(pod).0,
             container: container.map(str::to_owned),
             field_path: container.map(|c| field_path(pod, c)),
+            time: crate::clock::now().0.to_string(),
+        }
+    }
+
+    /// An event about the node `node` happening now (upstream's node events go
+    /// to namespace `default`, the node's name as its UID).
+    pub fn about_node(node: &str, kind: &str, reason: &str, message: String) -> Self {
+        Self {
+            node: true,
+            kind: kind.into(),
+            reason: reason.into(),
+            message,
+            namespace: "default".into(),
+            pod: node.into(),
+            pod_uid: node.into(),
+            container: None,
+            field_path: None,
             time: crate::clock::now().0.to_string(),
         }
     }
@@ -331,6 +352,7 @@ impl Diagnostics {
     pub fn oom(&self, record: OomRecord) {
         tracing::warn!(pod = %format!("{}/{}", record.namespace, record.pod), container = %record.container, "{}", record.message());
         self.event(Event {
+            node: false,
             kind: "Warning".into(),
             reason: "OOMKilling".into(),
             message: record.message(),

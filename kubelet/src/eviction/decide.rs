@@ -219,6 +219,21 @@ impl State {
         Evaluation { pressure, act_on }
     }
 
+    /// The thresholds met at the last pass that `obs` still meets, minimum
+    /// reclaim included (upstream's check after node-level reclaim).
+    pub fn met_now(&self, s: &Settings, obs: &Observations) -> Vec<usize> {
+        self.met
+            .iter()
+            .copied()
+            .filter(|&i| {
+                s.thresholds
+                    .get(i)
+                    .zip(s.thresholds.get(i).and_then(|t| obs.get(&t.signal)))
+                    .is_some_and(|(t, o)| met(t, o, true))
+            })
+            .collect()
+    }
+
     /// How long until a soft threshold in its grace is due (None: none waits).
     pub fn next_due(&self, s: &Settings, now: Instant) -> Option<Duration> {
         self.first_met

@@ -97,6 +97,8 @@ impl Trigger {
 /// What the eviction manager works with.
 #[derive(Debug, Clone)]
 pub struct Collaborators {
+    /// Frees disk before pods are evicted for it (node-level reclaim).
+    pub images: Arc<crate::image_gc::ImageGc>,
     /// Reads the node's signals and the pods' usage.
     pub stats: Arc<StatsProvider>,
     /// The pods (active ones are candidates) and their kill.
@@ -401,7 +403,39 @@ impl EvictionManager {
             threshold = quantity,
             "eviction threshold met; attempting to reclaim"
         );
+        if self.reclaim_node_level(state, threshold.signal).await {
+            return None;
+        }
         self.evict_one(&threshold, quantity, available).await
+    }
+
+    /// Upstream's `reclaimNodeLevelResources`: for a disk signal, unused
+    /// images go first; true when that was enough (no threshold met any more,
+    /// minimum reclaim included), so no pod is evicted.
+    async fn reclaim_node_level(&self, state: &decide::State, signal: Signal) -> bool {
+        if !signal.is_disk() {
+            return false;
+        }
+        match self.c.images.delete_unused().await {
+            Ok(freed) => tracing::info!(
+                signal = signal.as_str(),
+                freed,
+                "eviction manager: deleted unused images"
+            ),
+            Err(e) => {
+                tracing::info!(signal = signal.as_str(), error = %e, "eviction manager: unexpected error when attempting to reduce resource pressure")
+            }
+        }
+        let node = self.c.stats.node_resources(self.image_fs_needed()).await;
+        let observations = decide::observe(&node);
+        if state.met_now(&self.settings, &observations).is_empty() {
+            tracing::info!(
+                signal = signal.as_str(),
+                "eviction manager: able to reduce resource pressure without evicting pods"
+            );
+            return true;
+        }
+        false
     }
 
     async fn evict_one(&self, t: &Threshold, quantity: i64, available: i64) -> Option<PodUid> {

@@ -73,6 +73,11 @@ impl Signal {
         }
     }
 
+    /// A filesystem signal (node-level reclaim frees images for it first).
+    pub fn is_disk(self) -> bool {
+        self.condition() == Condition::Disk
+    }
+
     /// Is the value a byte count (formatted `123Ki`) rather than a count?
     pub fn is_bytes(self) -> bool {
         matches!(

@@ -360,6 +360,8 @@ pub struct Metrics {
     pub node_name: IntGaugeVec,
     /// Pods evicted, by `eviction_signal`.
     pub evictions: IntCounterVec,
+    /// Images the image GC removed, by `reason` (`space`, `age`).
+    pub image_garbage_collected: IntCounterVec,
     /// The API client's requests.
     pub rest_client: rest::RestClientMetrics,
     /// PVC volume statistics, refreshed at each scrape.
@@ -637,6 +639,13 @@ impl Metrics {
                 "kubelet_evictions",
                 &alpha("Cumulative number of pod evictions by eviction signal"),
                 &["eviction_signal"],
+            ),
+            image_garbage_collected: c.counter_vec(
+                "kubelet_image_garbage_collected_total",
+                &alpha(
+                    "Total number of images garbage collected by the kubelet, whether through disk usage or image age.",
+                ),
+                &["reason"],
             ),
             rest_client: rest::RestClientMetrics {
                 requests: c.add(Kind::Counter, rest_client.requests),

@@ -96,6 +96,16 @@ pub fn test_eviction() -> evlet::eviction::Settings {
     .expect("valid eviction settings")
 }
 
+/// Image GC off (high threshold 100, no maximum age), as test agents share
+/// each containerd line's images.
+pub fn test_image_gc() -> evlet::image_gc::Policy {
+    evlet::image_gc::Policy {
+        high_threshold_percent: 100,
+        low_threshold_percent: 80,
+        ..Default::default()
+    }
+}
+
 pub fn mode() -> PlegMode {
     match std::env::var("EVLET_E2E_PLEG").as_deref() {
         Ok("ebpf") => PlegMode::Ebpf,
@@ -133,6 +143,10 @@ impl World {
             sync_frequency: evlet::workers::RESYNC,
             pods: Default::default(),
             eviction: test_eviction(),
+            // Off: the containerd lines are shared by parallel tests, and the
+            // host's disk may be fuller than upstream's defaults allow.
+            image_gc: test_image_gc(),
+            pod_infra_container_image: None,
         }
     }
 
