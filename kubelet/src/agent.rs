@@ -298,6 +298,7 @@ pub async fn start(
         workers: workers.clone(),
         cache: cache.clone(),
         syncer,
+        container_gc: config.container_gc,
         metrics: Arc::clone(&metrics),
         served: Arc::clone(&served),
         hints: pleg.hints.clone(),

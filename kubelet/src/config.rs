@@ -91,6 +91,9 @@ pub struct Config {
     pub image_gc: crate::image_gc::Policy,
     /// `--pod-infra-container-image`: an image the image GC never removes.
     pub pod_infra_container_image: Option<String>,
+    /// How many dead containers are kept (`--maximum-dead-containers*`,
+    /// `--minimum-container-ttl-duration`).
+    pub container_gc: crate::container_gc::Policy,
     /// `--node-labels`: labels the node registers with, beside its defaults.
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// The secured kubelet API (`port`, TLS, authentication, authorization);
@@ -1196,6 +1199,43 @@ mod tests {
         let err = compat_args(vec!["evlet".into(), "--cgroup-driver=systemd".into()])
             .expect_err("refused");
         assert!(err.starts_with("flag --cgroup-driver is refused"), "{err}");
+    }
+
+    #[test]
+    fn image_gc_fields_become_the_policy_with_upstreams_checks() {
+        let cfg = KubeletConfiguration::parse(
+            "imageGCHighThresholdPercent: 90\n\
+             imageGCLowThresholdPercent: 70\n\
+             imageMinimumGCAge: 5m\n\
+             imageMaximumGCAge: 168h\n",
+            Path::new("c.yaml"),
+        )
+        .expect("valid");
+        let p = cfg.image_gc_policy().expect("policy");
+        assert_eq!(
+            (p.high_threshold_percent, p.low_threshold_percent),
+            (90, 70)
+        );
+        assert_eq!(p.min_age, Duration::from_secs(300));
+        assert_eq!(p.max_age, Duration::from_secs(168 * 3600));
+        let defaults = KubeletConfiguration::default()
+            .image_gc_policy()
+            .expect("defaults");
+        assert_eq!(defaults, crate::image_gc::Policy::default());
+        let err = KubeletConfiguration::parse(
+            "imageGCHighThresholdPercent: 70\nimageGCLowThresholdPercent: 90\n",
+            Path::new("c.yaml"),
+        )
+        .expect_err("low over high")
+        .to_string();
+        assert!(
+            err.contains("imageGCLowThresholdPercent (--image-gc-low-threshold) 90 must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) 70"),
+            "{err}"
+        );
+        let err = KubeletConfiguration::parse("imageMinimumGCAge: soon\n", Path::new("c.yaml"))
+            .expect_err("bad duration")
+            .to_string();
+        assert!(err.contains("imageMinimumGCAge"), "{err}");
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! * [`pleg`]: the relister (single writer of [`cache`]) and PLEG modes.
 //! * [`eviction`]: the eviction manager (node pressure conditions, evicting
 //!   pods when memory, disk or PIDs run low; kernel memory notifications).
-//! * [`image_gc`]: the image garbage collector (disk thresholds, maximum age).
+//! * [`image_gc`]: the image garbage collector (disk thresholds, maximum age);
+//!   [`container_gc`]: which dead containers go (per container, node-wide).
 //! * [`prober`]: liveness, readiness and startup probes; [`probe`]: the checks
 //!   themselves (exec, HTTP, TCP, gRPC), shared with lifecycle hooks.
 //! * [`runtime`]: the CRI seen as pods; [`logs`]: the CRI log format.
@@ -34,6 +35,7 @@ pub mod cache;
 pub mod cgroups;
 pub mod clock;
 pub mod config;
+pub mod container_gc;
 pub mod credentials;
 pub mod diagnostics;
 pub mod dns;

@@ -52,6 +52,15 @@ struct Flags {
     /// protected anyway: pinned by containerd ≥ 1.7, read from its config on 1.6).
     #[arg(long)]
     pod_infra_container_image: Option<String>,
+    /// Minimum age of a dead container before it is garbage collected (`0s`).
+    #[arg(long)]
+    minimum_container_ttl_duration: Option<String>,
+    /// Dead instances kept per container name of a pod (1; negative: no limit).
+    #[arg(long, allow_negative_numbers = true)]
+    maximum_dead_containers_per_container: Option<i32>,
+    /// Dead containers kept on the node (-1: no limit).
+    #[arg(long, allow_negative_numbers = true)]
+    maximum_dead_containers: Option<i32>,
     /// Static pod manifest directory (or file).
     #[arg(long)]
     pod_manifest_path: Option<PathBuf>,
@@ -199,6 +208,23 @@ fn effective(flags: Flags) -> Result<Config> {
         file.image_minimum_gc_age = Some(a);
     }
     let image_gc = file.image_gc_policy().map_err(anyhow::Error::msg)?;
+    let container_gc = {
+        let d = evlet::container_gc::Policy::default();
+        evlet::container_gc::Policy {
+            min_age: flags
+                .minimum_container_ttl_duration
+                .as_deref()
+                .map(config::parse_duration)
+                .transpose()
+                .context("--minimum-container-ttl-duration")?
+                .unwrap_or(d.min_age),
+            max_per_pod_container: flags
+                .maximum_dead_containers_per_container
+                .unwrap_or(d.max_per_pod_container),
+            max_containers: flags.maximum_dead_containers.unwrap_or(d.max_containers),
+            period: d.period,
+        }
+    };
     let duration = |v: Option<&String>, default: Duration| -> Result<Duration> {
         v.map(|s| config::parse_duration(s).map_err(anyhow::Error::from))
             .transpose()
@@ -292,6 +318,7 @@ fn effective(flags: Flags) -> Result<Config> {
         eviction,
         image_gc,
         pod_infra_container_image: flags.pod_infra_container_image,
+        container_gc,
         node_labels,
         secure,
     })

@@ -31,9 +31,6 @@ use crate::workers::{PodWorkers, UpdateKind};
 
 /// Upstream's `housekeepingPeriod`.
 pub const HOUSEKEEPING: Duration = Duration::from_secs(2);
-/// Upstream's `ContainerGCPeriod`.
-pub const CONTAINER_GC: Duration = Duration::from_secs(60);
-
 /// What the sync loop listens to.
 #[derive(Debug)]
 pub struct Inputs {
@@ -62,8 +59,10 @@ pub struct SyncLoop {
     pub workers: PodWorkers,
     /// The pod cache (orphans and container GC read it).
     pub cache: PodCache,
-    /// Backoff GC and per-pod container GC.
+    /// Backoff GC and dead container removal.
     pub syncer: Arc<Syncer>,
+    /// How many dead containers the container GC keeps.
+    pub container_gc: crate::container_gc::Policy,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// What the HTTP endpoint serves (sources-ready flag).
@@ -108,7 +107,7 @@ impl SyncLoop {
             mut refresh,
         } = inputs;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
-        let mut gc = tokio::time::interval(CONTAINER_GC);
+        let mut gc = tokio::time::interval(self.container_gc.period);
         let mut sources_open = true;
         loop {
             tokio::select! {
@@ -477,21 +476,32 @@ impl SyncLoop {
             let syncer = Arc::clone(&self.syncer);
             tokio::spawn(async move { syncer.clean_orphan_dirs(keep).await });
         }
-        for status in self.cache.known() {
-            if !crate::sync::terminate::evictable(&status).is_empty() {
-                let syncer = Arc::clone(&self.syncer);
-                let hints = self.hints.clone();
-                tokio::spawn(async move {
-                    // The agent's own removals must not look like external changes.
-                    if let Some(h) = &hints {
-                        h.suspend(status.uid.clone());
-                    }
-                    syncer.gc_pod(&status).await;
-                    if let Some(h) = &hints {
-                        h.resume(status.uid.clone(), true);
-                    }
-                });
-            }
+        let known = self.cache.known();
+        let dead = crate::container_gc::evictable(
+            known.iter().map(|p| &**p),
+            &self.container_gc,
+            crate::clock::unix_ns(),
+        );
+        let mut by_pod: BTreeMap<PodUid, Vec<evlet_cri::ContainerId>> = BTreeMap::new();
+        for d in dead {
+            by_pod.entry(d.pod).or_default().push(d.id);
+        }
+        for status in known {
+            let Some(ids) = by_pod.remove(&status.uid) else {
+                continue;
+            };
+            let syncer = Arc::clone(&self.syncer);
+            let hints = self.hints.clone();
+            tokio::spawn(async move {
+                // The agent's own removals must not look like external changes.
+                if let Some(h) = &hints {
+                    h.suspend(status.uid.clone());
+                }
+                syncer.remove_dead(&status, &ids).await;
+                if let Some(h) = &hints {
+                    h.resume(status.uid.clone(), true);
+                }
+            });
         }
     }
 }

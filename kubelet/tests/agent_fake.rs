@@ -70,6 +70,7 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
             ..Default::default()
         },
         pod_infra_container_image: None,
+        container_gc: Default::default(),
     }
 }
 

@@ -284,11 +284,12 @@ impl Syncer {
         }
     }
 
-    /// Removes the container instances [`evictable`] names. Dead sandboxes
-    /// stay until the pod is removed: removing one removes its containers, and
-    /// the newest instance of a container (its restart count) may live in it.
-    pub async fn gc_pod(&self, status: &PodStatus) {
-        for id in evictable(status) {
+    /// Removes the dead container instances `ids` of the pod `status` (the
+    /// container GC's choice) and their log links. Dead sandboxes stay until
+    /// the pod is removed: removing one removes its containers, and the newest
+    /// instance of a container (its restart count) may live in it.
+    pub async fn remove_dead(&self, status: &PodStatus, ids: &[ContainerId]) {
+        for id in ids {
             if self.client.remove_container(id).await.is_ok()
                 && let Some(c) = status.containers.iter().find(|c| &c.id == id)
             {
@@ -303,61 +304,5 @@ impl Syncer {
             let link = spec::log_link(dir, &status.name, &status.namespace, container, id.as_str());
             let _ = std::fs::remove_file(link);
         }
-    }
-}
-
-/// Upstream's per-pod container GC (`MaxPerPodContainer` = 1): of each
-/// container name's exited instances, the newest stays (the status's
-/// `lastState` and `kubectl logs --previous` read it); older ones go.
-pub fn evictable(status: &PodStatus) -> Vec<&ContainerId> {
-    let mut kept = std::collections::HashSet::new();
-    status
-        .containers
-        .iter()
-        .filter(|c| c.state == State::Exited)
-        .filter(|c| !kept.insert(c.name.as_str()))
-        .map(|c| &c.id)
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pod::PodUid;
-    use crate::runtime::ContainerStatus;
-
-    fn instance(name: &str, n: i64, state: State) -> ContainerStatus {
-        ContainerStatus {
-            id: ContainerId::new(format!("{name}{n}")),
-            name: name.into(),
-            kind: Kind::App,
-            state,
-            created_at: n,
-            started_at: n,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-            image_ref: String::new(),
-            hash: String::new(),
-            restart_count: 0,
-            grace_period: None,
-            kernel: None,
-        }
-    }
-
-    #[test]
-    fn gc_keeps_the_newest_dead_instance_of_each_container() {
-        let mut status = PodStatus::empty(PodUid::from("p"));
-        status.containers = vec![
-            instance("a", 4, State::Running),
-            instance("a", 3, State::Exited),
-            instance("a", 2, State::Exited),
-            instance("a", 1, State::Exited),
-            instance("b", 2, State::Exited),
-        ];
-        let ids: Vec<&str> = evictable(&status).iter().map(|i| i.as_str()).collect();
-        assert_eq!(ids, ["a2", "a1"], "a3 stays: it is a's last state");
     }
 }

@@ -147,6 +147,7 @@ impl World {
             // host's disk may be fuller than upstream's defaults allow.
             image_gc: test_image_gc(),
             pod_infra_container_image: None,
+            container_gc: Default::default(),
         }
     }
 

@@ -1,6 +1,11 @@
-//! The image garbage collector on real containerd: with the image filesystem
-//! over `imageGCHighThresholdPercent`, an image no container uses is removed,
-//! and the image a running pod uses and the sandbox image stay.
+//! Garbage collection on real containerd.
+//!
+//! Images: with the image filesystem over `imageGCHighThresholdPercent`, an
+//! image no container uses is removed, and the image a running pod uses and
+//! the sandbox image stay.
+//!
+//! Containers: a crash-looping container leaves exactly its newest dead
+//! instance behind.
 //!
 //! The spare image (`evlet.local/spare:v1`, made by `cargo xtask node up`) is
 //! imported again with the line's `ctr` at the start, so the test can run
@@ -11,6 +16,8 @@ mod support;
 
 use std::time::Duration;
 
+use evlet::pod::labels;
+use evlet_cri::{ContainerFilter, api};
 use evlet_testkit::eventually;
 use support::{IMAGE, e2e};
 
@@ -116,6 +123,62 @@ async fn image_gc_removes_an_unused_image_and_never_a_used_one() {
             assert!(tags().await.iter().any(|t| t == IMAGE));
             agent.stop().await;
             import_spare();
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn container_gc_keeps_exactly_the_newest_dead_instance() {
+    e2e(
+        "container_gc_keeps_exactly_the_newest_dead_instance",
+        |w| async move {
+            w.write(
+                "crashy.yaml",
+                &format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: crashy}}\nspec:\n  containers:\n  - {{name: app, image: {IMAGE}, command: [/bin/sh, -c, 'exit 3']}}\n"
+                ),
+            );
+            let mut config = w.config();
+            config.container_gc.period = Duration::from_secs(1);
+            let agent = w.start_with(config).await;
+            let pod = w.pod_name("crashy");
+            // Three instances: the first and two restarts (10 s and 20 s backoff).
+            agent
+                .wait_status(&pod, "two restarts", Duration::from_secs(60), |s| {
+                    (support::container(s, "app")?.restart_count >= 2).then_some(())
+                })
+                .await;
+            let instances = || async {
+                let mut cs = w
+                    .client
+                    .list_containers(ContainerFilter::new().label(labels::POD_NAME, pod.clone()))
+                    .await
+                    .expect("containers");
+                cs.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+                cs
+            };
+            let exited = api::ContainerState::ContainerExited as i32;
+            let newest = eventually(Duration::from_secs(10), "one dead instance", || async {
+                let cs = instances().await;
+                let dead: Vec<&api::Container> = cs.iter().filter(|c| c.state == exited).collect();
+                // Exactly one dead instance, and no live one is newer.
+                (dead.len() == 1 && cs[0].id == dead[0].id).then(|| dead[0].id.clone())
+            })
+            .await;
+            // The status still shows that instance: terminated now, or the
+            // last state of a waiting (backed-off) or restarted container.
+            let status = agent.status(&pod).expect("status");
+            let app = support::container(&status, "app").expect("app");
+            let id = format!("containerd://{newest}");
+            let shown = [app.state.as_ref(), app.last_state.as_ref()]
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.terminated.as_ref())
+                .any(|t| t.container_id.as_deref() == Some(id.as_str()));
+            assert!(shown, "{app:?}");
+            agent.assert_no_missed_events().await;
+            agent.stop().await;
         },
     )
     .await;

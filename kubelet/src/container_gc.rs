@@ -1,0 +1,232 @@
+//! Container garbage collection across the node's pods, as upstream's
+//! `containerGC` decides it (pure: the sync loop's GC tick removes what
+//! [`evictable`] names).
+//!
+//! An evict unit is one container name of one pod; its dead instances (the
+//! running one never counts) older than the minimum age are candidates,
+//! newest first. Each unit keeps at most `max_per_pod_container` of them (1:
+//! the newest dead instance, which the status's `lastState` and
+//! `kubectl logs --previous` read); with `max_containers` set, the units are
+//! first cut to an equal share of it and then the oldest instances node-wide
+//! go until the node holds no more than that.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use evlet_cri::ContainerId;
+
+use crate::pod::PodUid;
+use crate::runtime::{PodStatus, State};
+
+/// `--minimum-container-ttl-duration`, `--maximum-dead-containers-per-container`,
+/// `--maximum-dead-containers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// A dead container created less than this ago stays (0).
+    pub min_age: Duration,
+    /// Dead instances kept per container name of a pod (1; negative: no limit).
+    pub max_per_pod_container: i32,
+    /// Dead containers kept on the node (-1: no limit).
+    pub max_containers: i32,
+    /// How often the GC runs (upstream's `ContainerGCPeriod`, 1 min).
+    pub period: Duration,
+}
+
+/// Upstream's `ContainerGCPeriod`.
+pub const PERIOD: Duration = Duration::from_secs(60);
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            min_age: Duration::ZERO,
+            max_per_pod_container: 1,
+            max_containers: -1,
+            period: PERIOD,
+        }
+    }
+}
+
+/// A dead container instance that may be removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dead {
+    /// Its pod.
+    pub pod: PodUid,
+    /// Its name in the pod spec.
+    pub name: String,
+    /// The instance.
+    pub id: ContainerId,
+    /// When it was created (Unix ns).
+    pub created_at: i64,
+}
+
+/// The dead containers of `pods` to remove at `now_ns` under `policy`.
+pub fn evictable<'a>(
+    pods: impl IntoIterator<Item = &'a PodStatus>,
+    policy: &Policy,
+    now_ns: i64,
+) -> Vec<Dead> {
+    let newest_allowed =
+        now_ns.saturating_sub(i64::try_from(policy.min_age.as_nanos()).unwrap_or(i64::MAX));
+    // Units, each newest first.
+    let mut units: BTreeMap<(&PodUid, &str), Vec<Dead>> = BTreeMap::new();
+    for pod in pods {
+        for c in &pod.containers {
+            if c.state != State::Exited || c.created_at > newest_allowed {
+                continue;
+            }
+            units.entry((&pod.uid, &c.name)).or_default().push(Dead {
+                pod: pod.uid.clone(),
+                name: c.name.clone(),
+                id: c.id.clone(),
+                created_at: c.created_at,
+            });
+        }
+    }
+    for unit in units.values_mut() {
+        unit.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+    }
+    let mut removed = Vec::new();
+    let mut keep_per_unit = |units: &mut BTreeMap<_, Vec<Dead>>, keep: usize| {
+        for unit in units.values_mut() {
+            if unit.len() > keep {
+                removed.extend(unit.drain(keep..));
+            }
+        }
+    };
+    if let Ok(keep) = usize::try_from(policy.max_per_pod_container) {
+        keep_per_unit(&mut units, keep);
+    }
+    if let Ok(max) = usize::try_from(policy.max_containers) {
+        let total = |units: &BTreeMap<_, Vec<Dead>>| units.values().map(Vec::len).sum::<usize>();
+        if total(&units) > max {
+            let share = (max / units.len().max(1)).max(1);
+            keep_per_unit(&mut units, share);
+        }
+        let left = total(&units);
+        if left > max {
+            let mut all: Vec<Dead> = units.into_values().flatten().collect();
+            all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+            removed.extend(all.into_iter().take(left - max));
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{ContainerStatus, Kind};
+
+    fn instance(name: &str, n: i64, state: State) -> ContainerStatus {
+        ContainerStatus {
+            id: ContainerId::new(format!("{name}{n}")),
+            name: name.into(),
+            kind: Kind::App,
+            state,
+            created_at: n,
+            started_at: n,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+            image_ref: String::new(),
+            hash: String::new(),
+            restart_count: 0,
+            grace_period: None,
+            kernel: None,
+        }
+    }
+
+    fn pod(uid: &str, containers: Vec<ContainerStatus>) -> PodStatus {
+        let mut p = PodStatus::empty(PodUid::from(uid));
+        p.containers = containers;
+        p
+    }
+
+    fn ids(d: &[Dead]) -> Vec<&str> {
+        let mut v: Vec<&str> = d.iter().map(|d| d.id.as_str()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn the_newest_dead_instance_of_each_container_stays() {
+        let p = pod(
+            "p",
+            vec![
+                instance("a", 4, State::Running),
+                instance("a", 3, State::Exited),
+                instance("a", 1, State::Exited),
+                instance("a", 2, State::Exited),
+                instance("b", 2, State::Exited),
+            ],
+        );
+        let gone = evictable(&[p], &Policy::default(), 100);
+        assert_eq!(ids(&gone), ["a1", "a2"], "a3 stays: it is a's last state");
+    }
+
+    #[test]
+    fn young_dead_containers_stay_for_the_minimum_age() {
+        let p = pod(
+            "p",
+            vec![
+                instance("a", 90, State::Exited),
+                instance("a", 50, State::Exited),
+                instance("a", 10, State::Exited),
+            ],
+        );
+        let policy = Policy {
+            min_age: Duration::from_nanos(30),
+            ..Policy::default()
+        };
+        // At 100 only a50 and a10 are old enough: a50 is the unit's newest.
+        assert_eq!(ids(&evictable(&[p], &policy, 100)), ["a10"]);
+    }
+
+    #[test]
+    fn a_node_limit_cuts_units_to_a_share_then_the_oldest_go() {
+        let pods = [
+            pod(
+                "p",
+                vec![
+                    instance("a", 10, State::Exited),
+                    instance("a", 9, State::Exited),
+                    instance("a", 8, State::Exited),
+                ],
+            ),
+            pod(
+                "q",
+                vec![
+                    instance("b", 7, State::Exited),
+                    instance("c", 1, State::Exited),
+                ],
+            ),
+        ];
+        let unlimited = Policy {
+            max_per_pod_container: -1,
+            max_containers: -1,
+            ..Policy::default()
+        };
+        assert!(evictable(&pods, &unlimited, 100).is_empty());
+        // 5 dead, limit 4 over 3 units: share 1 each (a10, b7, c1 stay).
+        let node = Policy {
+            max_per_pod_container: -1,
+            max_containers: 4,
+            ..Policy::default()
+        };
+        assert_eq!(ids(&evictable(&pods, &node, 100)), ["a8", "a9"]);
+        // Limit 2: the share is still 1, then the oldest of those go.
+        let tight = Policy {
+            max_containers: 2,
+            ..node
+        };
+        assert_eq!(ids(&evictable(&pods, &tight, 100)), ["a8", "a9", "c1"]);
+        // Limit 0: every dead container.
+        let none = Policy {
+            max_containers: 0,
+            ..node
+        };
+        assert_eq!(evictable(&pods, &none, 100).len(), 5);
+    }
+}
