@@ -227,6 +227,11 @@ impl Agent {
                 "127.0.0.1",
                 "--log-format",
                 "json",
+                // Image GC off: the bench's pods come and go between rounds, and
+                // an image unused at a collection would be gone for the next
+                // round (no registry to pull it back from).
+                "--image-gc-high-threshold",
+                "100",
             ])
             .args(&spec.extra)
             .env("RUST_LOG", "info,evlet::pleg::event=debug")
