@@ -71,6 +71,9 @@ pub enum StartError {
     /// The secured port's TLS could not be set up.
     #[error("the secured kubelet API: {0}")]
     Tls(#[from] crate::server::tls::TlsError),
+    /// The pods' cgroup could not be made or limited to node allocatable.
+    #[error("the pods' cgroup (node allocatable): {0}")]
+    Cgroups(#[from] crate::cm::CgroupError),
 }
 
 /// A running agent's handles, for tests and the binary.
@@ -192,7 +195,7 @@ pub async fn start(
         &metrics,
         readers.as_ref(),
         recursive_read_only,
-    );
+    )?;
     let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let prober = Prober::new(
         client.clone(),
@@ -524,6 +527,17 @@ async fn start_hint_source(
 }
 
 /// The pods' cgroup parent (cgroupfs driver).
+/// The machine's resources in node allocatable's units.
+fn node_resources(machine: &Machine) -> crate::cm::allocatable::Resources {
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    crate::cm::allocatable::Resources {
+        cpu_milli: int(machine.cpus).saturating_mul(1000),
+        memory: int(machine.memory),
+        ephemeral_storage: int(machine.disk),
+        pids: int(machine.pid_max),
+    }
+}
+
 fn pods_cgroup(config: &Config) -> String {
     format!("{}/kubepods", config.cgroup_root.trim_end_matches('/'))
 }
@@ -546,7 +560,17 @@ fn build_syncer(
     metrics: &Arc<Metrics>,
     readers: Option<&ApiReaders>,
     recursive_read_only: bool,
-) -> Arc<Syncer> {
+) -> Result<Arc<Syncer>, StartError> {
+    // The pods' cgroup tree, limited to node allocatable before any pod runs.
+    let cgroups = Arc::new(crate::cm::CgroupManager::new(
+        config
+            .cgroup_layout
+            .clone()
+            .unwrap_or_else(crate::cm::Layout::detect),
+        &pods_cgroup(config),
+        config.pod_pids_limit,
+    ));
+    cgroups.ensure_node(&config.reservations.pods_cgroup(node_resources(machine)))?;
     let node = NodeContext {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
@@ -597,14 +621,15 @@ fn build_syncer(
             recursive_read_only,
         },
     ));
-    Arc::new(Syncer::new(
+    Ok(Arc::new(Syncer::new(
         client,
         node,
         objects,
         volumes,
+        cgroups,
         Arc::clone(diagnostics) as _,
         Arc::clone(metrics),
-    ))
+    )))
 }
 
 /// Starts the static pod sources (manifest directory, manifest URL); returns
@@ -829,6 +854,10 @@ fn start_api(
         port: kubelet_port,
         ready: Arc::new(move || ready_served.ready()),
         pressure,
+        reserved: api::node::Reserved {
+            reservations: config.reservations,
+            eviction: config.eviction.clone(),
+        },
     };
     let (statics_tx, statics_rx) = watch::channel(api::mirror::Statics::new());
     tokio::spawn(api::run_node(
@@ -842,12 +871,15 @@ fn start_api(
     ApiState {
         manager,
         statics: statics_tx,
-        allocatable: Allocatable {
-            cpu_milli: i64::try_from(machine.cpus)
-                .unwrap_or(i64::MAX)
-                .saturating_mul(1000),
-            memory: i64::try_from(machine.memory).unwrap_or(i64::MAX),
-            pods: i64::from(config.max_pods),
+        allocatable: {
+            let a = config
+                .reservations
+                .allocatable(node_resources(machine), &config.eviction);
+            Allocatable {
+                cpu_milli: a.cpu_milli,
+                memory: a.memory,
+                pods: i64::from(config.max_pods),
+            }
         },
         node: Some(api::node::SelfWatch::start(
             api_client.client.clone(),

@@ -60,6 +60,27 @@ pub fn remove(path: &str) {
     }
 }
 
+/// The root of the v1 hierarchy holding `controller` (`cpu`, `memory`, `pids`).
+pub fn v1_controller_root(controller: &str) -> Option<PathBuf> {
+    mounts()
+        .into_iter()
+        .find(|m| !m.v2 && m.options.split(',').any(|o| o == controller))
+        .map(|m| m.root)
+}
+
+/// The cgroup2 mount of a pure v2 host (one whose root has controllers; the
+/// unified mount of a hybrid host has none).
+pub fn v2_root() -> Option<PathBuf> {
+    mounts()
+        .into_iter()
+        .filter(|m| m.v2)
+        .find(|m| {
+            std::fs::read_to_string(m.root.join("cgroup.controllers"))
+                .is_ok_and(|c| !c.trim().is_empty())
+        })
+        .map(|m| m.root)
+}
+
 /// Where memory limits live: the v1 `memory` hierarchy (hybrid hosts, as
 /// these development machines) or a cgroup2 mount with the memory controller.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -94,6 +94,13 @@ pub struct Config {
     /// How many dead containers are kept (`--maximum-dead-containers*`,
     /// `--minimum-container-ttl-duration`).
     pub container_gc: crate::container_gc::Policy,
+    /// `kubeReserved`, `systemReserved`, `enforceNodeAllocatable`.
+    pub reservations: crate::cm::allocatable::Reservations,
+    /// `podPidsLimit` (≤ 0: none).
+    pub pod_pids_limit: i64,
+    /// Where the pods' cgroup tree is written; None: the host's hierarchies
+    /// (tests over the in-process fake runtime point it at a directory).
+    pub cgroup_layout: Option<crate::cm::Layout>,
     /// `--node-labels`: labels the node registers with, beside its defaults.
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// The secured kubelet API (`port`, TLS, authentication, authorization);
@@ -347,6 +354,18 @@ pub struct KubeletConfiguration {
     /// An image unused for longer is removed (Go duration; `0s`: never).
     #[serde(rename = "imageMaximumGCAge")]
     pub image_maximum_gc_age: Option<String>,
+    /// Resources reserved for Kubernetes daemons (`cpu`, `memory`,
+    /// `ephemeral-storage`, `pid`).
+    pub kube_reserved: Option<BTreeMap<String, String>>,
+    /// Resources reserved for the system.
+    pub system_reserved: Option<BTreeMap<String, String>>,
+    /// `pods` (default), `none`; `kube-reserved`/`system-reserved` are refused.
+    pub enforce_node_allocatable: Option<Vec<String>>,
+    /// Each pod's process limit (-1: none).
+    pub pod_pids_limit: Option<i64>,
+    /// Must be true (evlet always makes the QoS tiers).
+    #[serde(rename = "cgroupsPerQOS")]
+    pub cgroups_per_qos: Option<bool>,
 }
 
 const KNOWN: &[&str] = &[
@@ -394,6 +413,11 @@ const KNOWN: &[&str] = &[
     "imageGCLowThresholdPercent",
     "imageMinimumGCAge",
     "imageMaximumGCAge",
+    "kubeReserved",
+    "systemReserved",
+    "enforceNodeAllocatable",
+    "podPidsLimit",
+    "cgroupsPerQOS",
 ];
 
 /// `authentication` of a KubeletConfiguration.
@@ -846,7 +870,38 @@ impl KubeletConfiguration {
         check_pod_settings(&cfg.pod_settings()).map_err(invalid)?;
         cfg.eviction_settings().map_err(invalid)?;
         cfg.image_gc_policy().map_err(invalid)?;
+        cfg.reservations().map_err(invalid)?;
+        if cfg.cgroups_per_qos == Some(false) {
+            return Err(invalid(
+                "cgroupsPerQOS: Unsupported value false: evlet always makes the pods' QoS cgroups"
+                    .into(),
+            ));
+        }
         Ok(cfg)
+    }
+
+    /// The node allocatable reservations this file asks for (none reserved,
+    /// `pods` enforced by default, as upstream).
+    ///
+    /// # Errors
+    /// Upstream's messages naming the field.
+    pub fn reservations(&self) -> Result<crate::cm::allocatable::Reservations, String> {
+        use crate::cm::allocatable::{parse_enforce, parse_reserved};
+        Ok(crate::cm::allocatable::Reservations {
+            kube: parse_reserved(
+                "kubeReserved",
+                &self.kube_reserved.clone().unwrap_or_default(),
+            )?,
+            system: parse_reserved(
+                "systemReserved",
+                &self.system_reserved.clone().unwrap_or_default(),
+            )?,
+            enforce_pods: parse_enforce(
+                self.enforce_node_allocatable
+                    .as_deref()
+                    .unwrap_or(&["pods".to_owned()]),
+            )?,
+        })
     }
 
     /// The image GC policy this file asks for, upstream's defaults for the rest.
@@ -1000,11 +1055,6 @@ const HARMLESS_FLAGS: &[(&str, bool, &str)] = &[
         "evlet runs in the cgroup it was started in",
     ),
     (
-        "pod-infra-container-image",
-        true,
-        "removed upstream in 1.35; the runtime's sandbox image is used",
-    ),
-    (
         "experimental-mounter-path",
         true,
         "deprecated upstream; mounts are made directly",
@@ -1022,18 +1072,6 @@ const REFUSED_FLAGS: &[(&str, &str)] = &[
     (
         "cgroup-driver",
         "evlet speaks the cgroupfs driver only; the systemd driver is not implemented",
-    ),
-    (
-        "kube-reserved",
-        "node allocatable reservations are not implemented by evlet yet",
-    ),
-    (
-        "system-reserved",
-        "node allocatable reservations are not implemented by evlet yet",
-    ),
-    (
-        "enforce-node-allocatable",
-        "node allocatable enforcement is not implemented by evlet yet",
     ),
     (
         "feature-gates",

@@ -23,6 +23,7 @@
 //!   themselves (exec, HTTP, TCP, gRPC), shared with lifecycle hooks.
 //! * [`runtime`]: the CRI seen as pods; [`logs`]: the CRI log format.
 //! * [`server`], [`metrics`]: `/healthz`, `/pods`, `/metrics`.
+//! * [`cm`]: the pods' cgroup tree (node allocatable, QoS tiers, pod limits).
 //! * [`pod`]: identity, labels, defaulting; [`cgroups`]: pod cgroup cleanup;
 //!   [`vars`]: `$(VAR)` expansion.
 //! * [`api`]: API-server mode (node, lease, pod watch, status manager, mirror pods).
@@ -34,6 +35,7 @@ pub mod backoff;
 pub mod cache;
 pub mod cgroups;
 pub mod clock;
+pub mod cm;
 pub mod config;
 pub mod container_gc;
 pub mod credentials;

@@ -61,6 +61,18 @@ struct Flags {
     /// Dead containers kept on the node (-1: no limit).
     #[arg(long, allow_negative_numbers = true)]
     maximum_dead_containers: Option<i32>,
+    /// Resources reserved for Kubernetes daemons (`cpu=100m,memory=256Mi`).
+    #[arg(long)]
+    kube_reserved: Option<String>,
+    /// Resources reserved for the system (`memory=512Mi,pid=1000`).
+    #[arg(long)]
+    system_reserved: Option<String>,
+    /// What node allocatable limits (`pods`, `none`).
+    #[arg(long)]
+    enforce_node_allocatable: Option<String>,
+    /// Each pod's process limit (-1: none).
+    #[arg(long, allow_negative_numbers = true)]
+    pod_max_pids: Option<i64>,
     /// Static pod manifest directory (or file).
     #[arg(long)]
     pod_manifest_path: Option<PathBuf>,
@@ -207,6 +219,25 @@ fn effective(flags: Flags) -> Result<Config> {
     if let Some(a) = flags.minimum_image_ttl_duration.clone() {
         file.image_minimum_gc_age = Some(a);
     }
+    if let Some(m) = pairs("kube-reserved", &flags.kube_reserved, '=')? {
+        file.kube_reserved = Some(m);
+    }
+    if let Some(m) = pairs("system-reserved", &flags.system_reserved, '=')? {
+        file.system_reserved = Some(m);
+    }
+    if let Some(e) = &flags.enforce_node_allocatable {
+        file.enforce_node_allocatable = Some(
+            e.split(',')
+                .map(str::trim)
+                .filter(|o| !o.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        );
+    }
+    if let Some(n) = flags.pod_max_pids {
+        file.pod_pids_limit = Some(n);
+    }
+    let reservations = file.reservations().map_err(anyhow::Error::msg)?;
     let image_gc = file.image_gc_policy().map_err(anyhow::Error::msg)?;
     let container_gc = {
         let d = evlet::container_gc::Policy::default();
@@ -319,6 +350,9 @@ fn effective(flags: Flags) -> Result<Config> {
         image_gc,
         pod_infra_container_image: flags.pod_infra_container_image,
         container_gc,
+        reservations,
+        pod_pids_limit: file.pod_pids_limit.unwrap_or(-1),
+        cgroup_layout: None,
         node_labels,
         secure,
     })

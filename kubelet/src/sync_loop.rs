@@ -446,6 +446,11 @@ impl SyncLoop {
     /// Only once every source has reported (`sourcesReady`), like upstream.
     fn housekeeping(&mut self) {
         self.syncer.gc();
+        // The burstable tier's CPU shares follow its desired pods' requests
+        // (written only when they change).
+        if let Err(e) = self.syncer.cgroups().update_qos(self.pods.values()) {
+            tracing::warn!(error = %e, "cannot update the QoS cgroups");
+        }
         if !self.config.sources_ready() {
             return;
         }

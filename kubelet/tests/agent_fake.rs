@@ -71,6 +71,14 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
         },
         pod_infra_container_image: None,
         container_gc: Default::default(),
+        reservations: Default::default(),
+        pod_pids_limit: -1,
+        // The fake runtime's node: its cgroup tree is a directory of the test's.
+        cgroup_layout: Some(evlet::cm::Layout::V1 {
+            cpu: Some(root.path().join("cgroup/cpu")),
+            memory: Some(root.path().join("cgroup/memory")),
+            pids: Some(root.path().join("cgroup/pids")),
+        }),
     }
 }
 

@@ -33,6 +33,7 @@ fn input(ready: Arc<AtomicBool>) -> NodeInput {
         runtime_version: "containerd://1.7.24".into(),
         port: 10255,
         pressure: watch::channel(evlet::eviction::Pressure::default()).1,
+        reserved: Default::default(),
         ready: Arc::new(move || {
             if ready.load(Ordering::Relaxed) {
                 Ok(())

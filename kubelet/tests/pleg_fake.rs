@@ -214,6 +214,7 @@ async fn rig_with(exit_lag: Duration, source: Source) -> Rig {
                     Arc::new(evlet::volume::NoApiServer),
                     evlet::volume::NodeFacts::default(),
                 )),
+                Arc::new(evlet::cm::CgroupManager::off()),
                 diagnostics,
                 Arc::clone(&metrics),
             )),

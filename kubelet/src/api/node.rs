@@ -61,6 +61,18 @@ pub struct NodeInput {
     pub ready: Readiness,
     /// The eviction manager's pressure conditions.
     pub pressure: tokio::sync::watch::Receiver<crate::eviction::Pressure>,
+    /// What allocatable subtracts from capacity: reservations and the hard
+    /// eviction thresholds.
+    pub reserved: Reserved,
+}
+
+/// What the node's allocatable subtracts from its capacity.
+#[derive(Debug, Clone, Default)]
+pub struct Reserved {
+    /// `kubeReserved`, `systemReserved`.
+    pub reservations: crate::cm::allocatable::Reservations,
+    /// The hard `memory.available` and `nodefs.available` thresholds.
+    pub eviction: crate::eviction::Settings,
 }
 
 impl std::fmt::Debug for NodeInput {
@@ -95,7 +107,43 @@ fn machine_id() -> String {
         .unwrap_or_default()
 }
 
-/// `capacity` (and `allocatable`: evlet reserves nothing yet).
+/// `allocatable`: capacity minus `kubeReserved`, `systemReserved` and the hard
+/// eviction thresholds (upstream's), in the capacity's units.
+pub fn allocatable(
+    machine: &Machine,
+    max_pods: u32,
+    reserved: &Reserved,
+) -> BTreeMap<String, Quantity> {
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let a = reserved.reservations.allocatable(
+        crate::cm::allocatable::Resources {
+            cpu_milli: int(machine.cpus).saturating_mul(1000),
+            memory: int(machine.memory),
+            ephemeral_storage: int(machine.disk),
+            pids: int(machine.pid_max),
+        },
+        &reserved.eviction,
+    );
+    let cpu = if a.cpu_milli % 1000 == 0 {
+        (a.cpu_milli / 1000).to_string()
+    } else {
+        format!("{}m", a.cpu_milli)
+    };
+    [
+        ("cpu", cpu),
+        ("memory", format!("{}Ki", a.memory / 1024)),
+        (
+            "ephemeral-storage",
+            format!("{}Ki", a.ephemeral_storage / 1024),
+        ),
+        ("pods", max_pods.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), Quantity(v)))
+    .collect()
+}
+
+/// `capacity`.
 pub fn capacity(machine: &Machine, max_pods: u32) -> BTreeMap<String, Quantity> {
     [
         ("cpu", machine.cpus.to_string()),
@@ -257,7 +305,7 @@ pub fn status(input: &NodeInput, machine: &Machine, previous: Option<&NodeStatus
     });
     let capacity = capacity(machine, input.max_pods);
     NodeStatus {
-        allocatable: Some(capacity.clone()),
+        allocatable: Some(allocatable(machine, input.max_pods, &input.reserved)),
         capacity: Some(capacity),
         conditions: Some(conditions),
         addresses: Some(addresses),
@@ -554,6 +602,7 @@ mod tests {
             port: 10255,
             ready: Arc::new(move || ready.clone()),
             pressure: tokio::sync::watch::channel(crate::eviction::Pressure::default()).1,
+            reserved: Reserved::default(),
         }
     }
 

@@ -44,13 +44,7 @@ pub struct NodeContext {
 /// The pod's cgroup (cgroupfs driver): `<pods>/pod<uid>` for Guaranteed,
 /// `<pods>/burstable/pod<uid>` and `<pods>/besteffort/pod<uid>` otherwise.
 pub fn pod_cgroup(node: &NodeContext, pod: &Pod) -> String {
-    let base = node.pods_cgroup.trim_end_matches('/');
-    let uid = pod::uid(pod);
-    match qos(pod) {
-        Qos::Guaranteed => format!("{base}/pod{uid}"),
-        Qos::Burstable => format!("{base}/burstable/pod{uid}"),
-        Qos::BestEffort => format!("{base}/besteffort/pod{uid}"),
-    }
+    crate::cm::pod_cgroup(&node.pods_cgroup, pod)
 }
 
 /// `<root>/logs/pods/<namespace>_<name>_<uid>`, upstream's `/var/log/pods` layout.

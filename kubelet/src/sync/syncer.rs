@@ -64,6 +64,8 @@ pub struct Syncer {
     pub(super) objects: Arc<dyn EnvObjects>,
     /// Sets up and tears down the pods' volumes.
     pub(super) volumes: Arc<VolumeManager>,
+    /// Makes the pods' cgroups with their limits.
+    cgroups: Arc<crate::cm::CgroupManager>,
     /// Image pulls at once (`serializeImagePulls`: 1).
     pub(super) pull_slots: tokio::sync::Semaphore,
     /// Pod starts at once (`parallel_pod_starts`): a sync that creates a
@@ -82,6 +84,7 @@ impl Syncer {
         node: NodeContext,
         objects: Arc<dyn EnvObjects>,
         volumes: Arc<VolumeManager>,
+        cgroups: Arc<crate::cm::CgroupManager>,
         events: Arc<dyn EventRecorder>,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -101,6 +104,7 @@ impl Syncer {
             events,
             objects,
             volumes,
+            cgroups,
             pull_slots,
             start_slots,
             metrics,
@@ -121,6 +125,11 @@ impl Syncer {
     /// The pods' volumes.
     pub fn volumes(&self) -> &VolumeManager {
         &self.volumes
+    }
+
+    /// The pods' cgroup tree.
+    pub fn cgroups(&self) -> &crate::cm::CgroupManager {
+        &self.cgroups
     }
 
     pub(super) fn event(
@@ -292,6 +301,18 @@ impl Syncer {
                     return Ok(outcome);
                 }
             };
+            // The pod's cgroup with its spec's limits, before the runtime
+            // puts the sandbox under it (upstream's `EnsureExists`).
+            if let Err(e) = self.cgroups.ensure_pod(pod) {
+                self.pod_event(
+                    pod,
+                    "Warning",
+                    "FailedCreatePodContainer",
+                    format!("unable to ensure pod container exists: {e}"),
+                );
+                outcome.retry_after = Some(Duration::from_secs(10));
+                return Ok(outcome);
+            }
             outcome.changed = true;
             // Upstream counts the attempt, and a failure as an error.
             self.metrics.started_pods.inc();

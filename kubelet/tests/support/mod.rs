@@ -148,6 +148,12 @@ impl World {
             image_gc: test_image_gc(),
             pod_infra_container_image: None,
             container_gc: Default::default(),
+            reservations: evlet::cm::allocatable::Reservations {
+                enforce_pods: true,
+                ..Default::default()
+            },
+            pod_pids_limit: -1,
+            cgroup_layout: None,
         }
     }
 

@@ -98,6 +98,7 @@ pub async fn rig_with(objects: Arc<dyn evlet::sync::objects::EnvObjects>) -> Rig
                     Arc::new(evlet::volume::NoApiServer),
                     evlet::volume::NodeFacts::default(),
                 )),
+                Arc::new(evlet::cm::CgroupManager::off()),
                 Arc::clone(&diagnostics) as _,
                 Arc::clone(&metrics),
             )),

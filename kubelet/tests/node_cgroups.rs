@@ -1,0 +1,183 @@
+//! The pods' cgroup tree on the real kernel and containerd, in API-server
+//! mode: with `kubeReserved` and `systemReserved`, the Node's allocatable is
+//! capacity minus them and the hard eviction threshold, `kubepods` is limited
+//! to capacity minus the reservations, and each pod's cgroup carries the
+//! limits its spec asks for, with its containers inside it.
+
+#[path = "support/apiserver.rs"]
+mod apiserver;
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use apiserver::MockApi;
+use evlet::api::ApiClient;
+use evlet_testkit::eventually;
+use serde_json::{Value, json};
+use support::{IMAGE, World, e2e};
+
+fn api_pod(w: &World, name: &str, resources: Value) -> Value {
+    json!({"metadata": {"name": w.pod_name(name), "namespace": "default"},
+           "spec": {"nodeName": w.name, "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "app", "image": IMAGE, "command": ["sleep", "3600"],
+                                    "resources": resources}]}})
+}
+
+/// A v1 controller file of the cgroup `path`.
+fn read(controller: &str, path: &str, file: &str) -> String {
+    let root: PathBuf =
+        evlet::cgroups::v1_controller_root(controller).expect("a v1 controller (hybrid host)");
+    let p = root.join(path.trim_start_matches('/')).join(file);
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
+    e2e(
+        "node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs",
+        |w| async move {
+            let api = MockApi::new();
+            let mut config = w.config();
+            config.api = Some(ApiClient::over(api.service()));
+            let reserved = |pairs: &[(&str, &str)]| {
+                evlet::cm::allocatable::parse_reserved(
+                    "test",
+                    &pairs
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                )
+                .expect("valid")
+            };
+            config.reservations = evlet::cm::allocatable::Reservations {
+                kube: reserved(&[("cpu", "100m"), ("memory", "256Mi")]),
+                system: reserved(&[("memory", "256Mi")]),
+                enforce_pods: true,
+            };
+            config.pod_pids_limit = 512;
+            let kubepods = format!("{}/kubepods", config.cgroup_root);
+            let agent = w.start_with(config).await;
+            let machine = evlet::machine::Machine::read(w.root.path());
+            let cpus = i64::try_from(machine.cpus).expect("cpus");
+            let memory = i64::try_from(machine.memory).expect("memory");
+
+            // kubepods: capacity minus the reservations (no eviction threshold).
+            assert_eq!(
+                read("memory", &kubepods, "memory.limit_in_bytes"),
+                // The kernel keeps whole pages.
+                ((memory - (512 << 20)) / 4096 * 4096).to_string()
+            );
+            assert_eq!(
+                read("cpu", &kubepods, "cpu.shares"),
+                ((cpus * 1000 - 100) * 1024 / 1000).to_string()
+            );
+            assert_eq!(
+                read("cpu", &format!("{kubepods}/besteffort"), "cpu.shares"),
+                "2"
+            );
+
+            // The Node's allocatable: also minus the hard memory threshold (100Mi).
+            let node = eventually(Duration::from_secs(20), "the Node", || async {
+                api.get("nodes", "", &w.name)
+                    .filter(|n| !n["status"]["allocatable"].is_null())
+            })
+            .await;
+            assert_eq!(
+                node["status"]["allocatable"]["memory"],
+                format!("{}Ki", (memory - (612 << 20)) / 1024),
+                "{:#}",
+                node["status"]
+            );
+            assert_eq!(
+                node["status"]["allocatable"]["cpu"],
+                format!("{}m", cpus * 1000 - 100)
+            );
+            assert_eq!(
+                node["status"]["capacity"]["cpu"],
+                cpus.to_string(),
+                "capacity stays"
+            );
+
+            api.create(
+                "pods",
+                "default",
+                api_pod(
+                    &w,
+                    "guaranteed",
+                    json!({"limits": {"cpu": "200m", "memory": "64Mi"}}),
+                ),
+            );
+            api.create(
+                "pods",
+                "default",
+                api_pod(
+                    &w,
+                    "burstable",
+                    json!({"requests": {"cpu": "100m"}, "limits": {"memory": "128Mi"}}),
+                ),
+            );
+            api.create("pods", "default", api_pod(&w, "besteffort", json!({})));
+            let uid = |name: &str| {
+                let pod = api.get("pods", "default", &w.pod_name(name)).expect("pod");
+                pod["metadata"]["uid"].as_str().expect("uid").to_owned()
+            };
+            for name in ["guaranteed", "burstable", "besteffort"] {
+                let pod = w.pod_name(name);
+                agent
+                    .wait_status(&pod, "running", Duration::from_secs(30), |s| {
+                        support::running(s, "app").then_some(())
+                    })
+                    .await;
+            }
+            let g = format!("{kubepods}/pod{}", uid("guaranteed"));
+            assert_eq!(read("cpu", &g, "cpu.shares"), "204");
+            assert_eq!(read("cpu", &g, "cpu.cfs_quota_us"), "20000");
+            assert_eq!(read("cpu", &g, "cpu.cfs_period_us"), "100000");
+            assert_eq!(
+                read("memory", &g, "memory.limit_in_bytes"),
+                (64 << 20).to_string()
+            );
+            assert_eq!(read("pids", &g, "pids.max"), "512");
+            let b = format!("{kubepods}/burstable/pod{}", uid("burstable"));
+            assert_eq!(read("cpu", &b, "cpu.shares"), "102");
+            assert_eq!(
+                read("cpu", &b, "cpu.cfs_quota_us"),
+                "-1",
+                "no CPU limit declared"
+            );
+            assert_eq!(
+                read("memory", &b, "memory.limit_in_bytes"),
+                (128 << 20).to_string()
+            );
+            let e = format!("{kubepods}/besteffort/pod{}", uid("besteffort"));
+            assert_eq!(read("cpu", &e, "cpu.shares"), "2");
+            assert_eq!(read("pids", &e, "pids.max"), "512");
+            // The burstable tier follows its pods' requests (housekeeping, 2 s).
+            eventually(Duration::from_secs(10), "burstable tier shares", || async {
+                (read("cpu", &format!("{kubepods}/burstable"), "cpu.shares") == "102").then_some(())
+            })
+            .await;
+            // The container runs inside its pod's cgroup.
+            let (_, pid) = support::init_pid(&w, &agent, &w.pod_name("burstable"), "app").await;
+            let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+            let memory_line = cgroups
+                .lines()
+                .find(|l| {
+                    l.split(':')
+                        .nth(1)
+                        .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+                })
+                .expect("memory line");
+            assert!(memory_line.contains(&format!("{b}/")), "{memory_line}");
+            for name in ["guaranteed", "burstable", "besteffort"] {
+                api.delete_pod("default", &w.pod_name(name), Some(0));
+            }
+            agent.stop().await;
+        },
+    )
+    .await;
+}
