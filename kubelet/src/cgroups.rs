@@ -1,5 +1,6 @@
-//! Pod cgroup cleanup (cgroupfs driver): runc creates a pod's cgroup path when
-//! its first container starts; the agent removes it once the pod is gone.
+//! The host's cgroup hierarchies and pod cgroup cleanup (cgroupfs driver):
+//! [`crate::cm`] makes a pod's cgroup before its sandbox; the agent removes it
+//! once the pod is gone.
 
 use std::path::{Path, PathBuf};
 
