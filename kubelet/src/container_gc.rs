@@ -115,27 +115,10 @@ pub fn evictable<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::{ContainerStatus, Kind};
+    use crate::runtime::ContainerStatus;
 
     fn instance(name: &str, n: i64, state: State) -> ContainerStatus {
-        ContainerStatus {
-            id: ContainerId::new(format!("{name}{n}")),
-            name: name.into(),
-            kind: Kind::App,
-            state,
-            created_at: n,
-            started_at: n,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-            image_ref: String::new(),
-            hash: String::new(),
-            restart_count: 0,
-            grace_period: None,
-            kernel: None,
-        }
+        ContainerStatus::test(name, n, state)
     }
 
     fn pod(uid: &str, containers: Vec<ContainerStatus>) -> PodStatus {

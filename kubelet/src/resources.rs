@@ -80,14 +80,26 @@ pub fn qos(pod: &Pod) -> Qos {
 
 /// A pod's effective requests (millicores, bytes): the larger of the app
 /// containers plus sidecars, and any one init container (upstream's
-/// `PodRequests` without overhead).
+/// `PodRequests` without overhead). Requests default to limits, as the API
+/// server's (and the static pod sources') defaulting does.
 pub fn pod_requests(pod: &Pod) -> (i64, i64) {
+    pod_totals(pod, List::Requests)
+}
+
+/// A pod's requests or limits (millicores, bytes) as [`pod_requests`] counts
+/// them (upstream's `PodRequests` / `PodLimits`).
+pub fn pod_totals(pod: &Pod, list: List) -> (i64, i64) {
     let Some(spec) = pod.spec.as_ref() else {
         return (0, 0);
     };
     let of = |c: &Container| {
-        let (cpu, mem) = values(c, List::Requests);
-        (cpu.unwrap_or(0), mem.unwrap_or(0))
+        let (cpu, mem) = values(c, list);
+        if list == List::Requests {
+            let (lc, lm) = values(c, List::Limits);
+            (cpu.or(lc).unwrap_or(0), mem.or(lm).unwrap_or(0))
+        } else {
+            (cpu.unwrap_or(0), mem.unwrap_or(0))
+        }
     };
     let (mut cpu, mut mem) = (0_i64, 0_i64);
     let (mut init_cpu, mut init_mem) = (0_i64, 0_i64);

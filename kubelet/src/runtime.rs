@@ -103,6 +103,32 @@ pub struct ContainerStatus {
     pub kernel: Option<KernelMark>,
 }
 
+#[cfg(test)]
+impl ContainerStatus {
+    /// An app container instance `name` with ID `<name><created_at>`, created
+    /// and started at `created_at`, everything else empty (unit tests).
+    pub(crate) fn test(name: &str, created_at: i64, state: State) -> Self {
+        Self {
+            id: ContainerId::new(format!("{name}{created_at}")),
+            name: name.into(),
+            kind: Kind::App,
+            state,
+            created_at,
+            started_at: created_at,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+            image_ref: String::new(),
+            hash: String::new(),
+            restart_count: 0,
+            grace_period: None,
+            kernel: None,
+        }
+    }
+}
+
 /// A container whose end the kernel reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelMark {

@@ -450,8 +450,8 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
 mod tests {
     use super::*;
     use crate::pod::PodUid;
-    use crate::runtime::{Kind, SandboxStatus};
-    use evlet_cri::{ContainerId, SandboxId};
+    use crate::runtime::SandboxStatus;
+    use evlet_cri::SandboxId;
 
     fn pod(policy: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -470,12 +470,6 @@ mod tests {
         created_at: i64,
     ) -> ContainerStatus {
         ContainerStatus {
-            id: ContainerId::new(format!("{name}{created_at}")),
-            name: name.into(),
-            kind: Kind::App,
-            state,
-            created_at,
-            started_at: created_at,
             finished_at: if state == State::Exited {
                 created_at + 1
             } else {
@@ -483,13 +477,10 @@ mod tests {
             },
             exit_code,
             reason: reason.into(),
-            message: String::new(),
             image: "i".into(),
             image_ref: "sha256:x".into(),
-            hash: String::new(),
             restart_count,
-            grace_period: None,
-            kernel: None,
+            ..ContainerStatus::test(name, created_at, state)
         }
     }
 

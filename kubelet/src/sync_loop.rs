@@ -538,26 +538,12 @@ fn orphan_pod(status: &crate::runtime::PodStatus) -> Pod {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::{ContainerStatus, Kind, PodStatus, State};
+    use crate::runtime::{ContainerStatus, PodStatus, State};
 
     fn container(grace: Option<i64>) -> ContainerStatus {
         ContainerStatus {
-            id: evlet_cri::ContainerId::new("c"),
-            name: "app".into(),
-            kind: Kind::App,
-            state: State::Running,
-            created_at: 1,
-            started_at: 1,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-            image_ref: String::new(),
-            hash: String::new(),
-            restart_count: 0,
             grace_period: grace,
-            kernel: None,
+            ..ContainerStatus::test("app", 1, State::Running)
         }
     }
 

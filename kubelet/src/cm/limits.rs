@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::resources::{self, List, Qos};
+use crate::resources::{self, List, Qos, pod_totals};
 
 /// The kernel's smallest `cpu.shares` (upstream's `MinShares`).
 pub const MIN_SHARES: u64 = 2;
@@ -52,47 +52,6 @@ pub fn milli_to_quota(milli: i64) -> Option<i64> {
 pub fn shares_to_weight(shares: u64) -> u64 {
     let shares = shares.clamp(MIN_SHARES, MAX_SHARES);
     1 + ((shares - 2) * 9999) / 262_142
-}
-
-/// A pod's requests or limits (millicores, bytes): the app containers and
-/// sidecars summed, or the largest init container with the sidecars before
-/// it, whichever is larger (upstream's `PodRequests` / `PodLimits`). Requests
-/// default to limits, as the API server's defaulting does.
-pub fn pod_totals(pod: &Pod, list: List) -> (i64, i64) {
-    let Some(spec) = pod.spec.as_ref() else {
-        return (0, 0);
-    };
-    let of = |c: &Container| {
-        let (cpu, mem) = resources::values(c, list);
-        if list == List::Requests {
-            let (lc, lm) = resources::values(c, List::Limits);
-            (cpu.or(lc).unwrap_or(0), mem.or(lm).unwrap_or(0))
-        } else {
-            (cpu.unwrap_or(0), mem.unwrap_or(0))
-        }
-    };
-    let (mut cpu, mut mem) = (0_i64, 0_i64);
-    let (mut init_cpu, mut init_mem) = (0_i64, 0_i64);
-    let (mut side_cpu, mut side_mem) = (0_i64, 0_i64);
-    for c in spec.init_containers.iter().flatten() {
-        let (c_cpu, c_mem) = of(c);
-        if crate::pod::is_restartable_init(c) {
-            side_cpu = side_cpu.saturating_add(c_cpu);
-            side_mem = side_mem.saturating_add(c_mem);
-        } else {
-            init_cpu = init_cpu.max(side_cpu.saturating_add(c_cpu));
-            init_mem = init_mem.max(side_mem.saturating_add(c_mem));
-        }
-    }
-    for c in &spec.containers {
-        let (c_cpu, c_mem) = of(c);
-        cpu = cpu.saturating_add(c_cpu);
-        mem = mem.saturating_add(c_mem);
-    }
-    (
-        cpu.saturating_add(side_cpu).max(init_cpu),
-        mem.saturating_add(side_mem).max(init_mem),
-    )
 }
 
 /// The pod cgroup's limits (upstream's `ResourceConfigForPod` with CFS quota
