@@ -9,7 +9,8 @@
 //! once with the kernel's memory notification and once with the 10 s timer
 //! alone, and prints both latencies side by side.
 //!
-//! An emptyDir written past its `sizeLimit` evicts its pod, and only it.
+//! An emptyDir written past its `sizeLimit`, and a container writing past its
+//! `limits.ephemeral-storage`, evict their pods, and only them.
 
 #[path = "support/apiserver.rs"]
 mod apiserver;
@@ -293,9 +294,9 @@ async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_empty_dir_over_its_size_limit_evicts_its_pod_only() {
+async fn local_storage_over_its_limits_evicts_its_pod_only() {
     e2e(
-        "an_empty_dir_over_its_size_limit_evicts_its_pod_only",
+        "local_storage_over_its_limits_evicts_its_pod_only",
         |w| async move {
             let api = MockApi::new();
             let mut config = w.config();
@@ -311,8 +312,19 @@ async fn an_empty_dir_over_its_size_limit_evicts_its_pod_only() {
                     "terminationGracePeriodSeconds": 30
                 })
             };
+            // A container writing 20 MiB to its writable layer past its 10Mi limit.
+            let layer = json!({
+                "containers": [{"name": "app", "image": IMAGE,
+                    "command": ["sh", "-c",
+                        "dd if=/dev/zero of=/fill bs=1048576 count=20 && exec sleep 3600"],
+                    "resources": {"limits": {"ephemeral-storage": "10Mi"}}}],
+                "terminationGracePeriodSeconds": 30
+            });
             api.create("pods", "default", api_pod(&w, "over", filler(20)));
-            api.create("pods", "default", api_pod(&w, "under", filler(5)));
+            api.create("pods", "default", api_pod(&w, "layer", layer));
+            let mut under = filler(5);
+            under["containers"][0]["resources"] = json!({"limits": {"ephemeral-storage": "50Mi"}});
+            api.create("pods", "default", api_pod(&w, "under", under));
             let over = w.pod_name("over");
             // One pass every 10 s: the pod is Failed within two of them.
             let failed = phase(&api, &over, "Failed", Duration::from_secs(45)).await;
@@ -335,6 +347,14 @@ async fn an_empty_dir_over_its_size_limit_evicts_its_pod_only() {
                     .any(|e| e.reason == "Evicted" && e.pod == over && e.kind == "Warning"),
                 "an Evicted event"
             );
+            // The writable layer's usage comes from the runtime's snapshot
+            // statistics (containerd refreshes them every 10 s).
+            let layer = phase(&api, &w.pod_name("layer"), "Failed", Duration::from_secs(60)).await;
+            assert_eq!(layer["status"]["reason"], "Evicted", "{layer:#}");
+            assert_eq!(
+                layer["status"]["message"],
+                "Container app exceeded its local ephemeral storage limit \"10Mi\". "
+            );
             let under = api
                 .get("pods", "default", &w.pod_name("under"))
                 .expect("pod");
@@ -345,6 +365,12 @@ async fn an_empty_dir_over_its_size_limit_evicts_its_pod_only() {
                     .lines()
                     .any(|l| l == "kubelet_evictions{eviction_signal=\"emptydirfs.limit\"} 1"),
                 "kubelet_evictions counts it"
+            );
+            assert!(
+                metrics.lines().any(
+                    |l| l == "kubelet_evictions{eviction_signal=\"ephemeralcontainerfs.limit\"} 1"
+                ),
+                "and the container's"
             );
             api.delete_pod("default", &w.pod_name("under"), Some(0));
             agent.stop().await;

@@ -17,13 +17,19 @@
 //! usage threshold on the v1 root memory cgroup placed exactly where
 //! `memory.available` crosses each memory threshold, and a PSI trigger.
 //!
+//! Before the thresholds, each pass evicts a pod over its own local storage
+//! limits ([`local`]: emptyDir `sizeLimit`, the containers'
+//! `limits.ephemeral-storage`), as upstream's `localStorageEviction`.
+//!
 //! Map: [`thresholds`] parses the configuration; [`decide`] is the pure
-//! evaluation; [`rank`] orders pods and words the message; [`notify`] holds
+//! evaluation; [`rank`] orders pods and words the message; [`local`] decides
+//! local storage limits; [`notify`] holds
 //! the kernel's notifications; [`journal`] keeps what the passes did for
 //! `/debug/eviction`; this module is the loop and its IO.
 
 pub mod decide;
 pub mod journal;
+pub mod local;
 pub mod notify;
 pub mod rank;
 pub mod thresholds;
@@ -42,7 +48,7 @@ use crate::diagnostics::{Event, EventRecorder};
 use crate::metrics::Metrics;
 use crate::pod::PodUid;
 use crate::stats::StatsProvider;
-use crate::workers::{Phase, PodWorkers};
+use crate::workers::{Phase, PodView, PodWorkers};
 pub use decide::Pressure;
 pub use thresholds::{Settings, Signal, Threshold};
 
@@ -541,23 +547,18 @@ impl EvictionManager {
     /// `emptyDirLimitEviction`: grace 0, upstream's message, no
     /// `DisruptionTarget` condition, `kubelet_evictions{eviction_signal="emptydirfs.limit"}`.
     async fn local_storage(&self) -> Option<PodUid> {
-        for view in self.c.workers.views() {
-            // Critical pods are never evicted, for their storage neither.
-            if view.phase != Phase::Sync || rank::is_critical(&view.pod) {
-                continue;
-            }
+        // Critical pods are never evicted, for their storage neither.
+        let views: Vec<PodView> = self
+            .c
+            .workers
+            .views()
+            .into_iter()
+            .filter(|v| v.phase == Phase::Sync && !rank::is_critical(&v.pod))
+            .collect();
+        for view in &views {
             let pod = &view.pod;
             let uid = crate::pod::uid(pod);
-            let limited = pod
-                .spec
-                .iter()
-                .flat_map(|s| s.volumes.iter().flatten())
-                .filter_map(|v| {
-                    let q = v.empty_dir.as_ref()?.size_limit.as_ref()?;
-                    let limit = crate::quantity::parse(&q.0).ok().filter(|l| *l > 0)?;
-                    Some((v.name.clone(), q.0.clone(), limit))
-                });
-            for (name, text, limit) in limited {
+            for (name, text, limit) in local::empty_dir_limits(pod) {
                 let dir = self.c.stats.empty_dir(&uid, &name);
                 let Ok((used, _)) =
                     tokio::task::spawn_blocking(move || crate::stats::disk_usage(&dir)).await
@@ -567,12 +568,41 @@ impl EvictionManager {
                 if i64::try_from(used).unwrap_or(i64::MAX) <= limit {
                     continue;
                 }
-                let message =
-                    format!("Usage of EmptyDir volume {name:?} exceeds the limit {text:?}. ");
                 tracing::debug!(pod = %crate::pod::key(pod), volume = %name, used, limit, "emptyDir over its sizeLimit");
-                if !self.evict(pod, 0, "emptydirfs.limit", message) {
+                if !self.evict(
+                    pod,
+                    0,
+                    local::EMPTY_DIR,
+                    local::empty_dir_message(&name, &text),
+                ) {
                     break;
                 }
+                return Some(uid);
+            }
+        }
+        // Only pods that limit their ephemeral storage are measured.
+        let limited: Vec<PodView> = views
+            .into_iter()
+            .filter(|v| local::has_storage_limits(&v.pod))
+            .collect();
+        if limited.is_empty() {
+            return None;
+        }
+        let summary = match self.c.stats.summary(&limited, false).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "eviction: pods' storage usage unavailable");
+                return None;
+            }
+        };
+        for view in &limited {
+            let uid = crate::pod::uid(&view.pod);
+            let Some(stats) = summary.pods.iter().find(|p| p.pod_ref.uid == uid.0) else {
+                continue;
+            };
+            if let Some((signal, message)) = local::over_limit(&view.pod, stats)
+                && self.evict(&view.pod, 0, signal, message)
+            {
                 return Some(uid);
             }
         }
