@@ -701,6 +701,7 @@ async fn start_server(
                 .clone()
                 .unwrap_or_else(|| config.root_dir.join("logs/pods")),
             config.node_name.clone(),
+            &pods_cgroup(config),
         )),
     });
     let address =

@@ -207,6 +207,9 @@ pub struct PodStats {
     /// Writable layers, logs and emptyDir volumes together.
     #[serde(rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
     pub ephemeral_storage: Option<FsStats>,
+    /// Its processes.
+    #[serde(rename = "process_stats", skip_serializing_if = "Option::is_none")]
+    pub process_stats: Option<ProcessStats>,
 }
 
 /// `ContainerStats`.
@@ -278,6 +281,18 @@ pub struct StatsProvider {
     /// The root of the cgroup v1 memory controller (None on cgroup v2): the
     /// node's memory is read there, as upstream's cAdvisor does.
     memcg_v1_root: Option<PathBuf>,
+    /// `<pids hierarchy>` and the pods' cgroup (`<cgroup-root>/kubepods`):
+    /// where a pod's `pids.current` is read.
+    pids: Option<(PathBuf, String)>,
+}
+
+/// `ProcessStats`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub struct ProcessStats {
+    /// Processes in the pod's cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_count: Option<u64>,
 }
 
 fn now() -> Time {
@@ -289,13 +304,18 @@ fn val(v: Option<&api::UInt64Value>) -> Option<u64> {
 }
 
 impl StatsProvider {
-    /// A provider reading `runtime`, `root_dir` (volumes) and `pod_logs_dir`.
+    /// A provider reading `runtime`, `root_dir` (volumes), `pod_logs_dir` and
+    /// the pods' cgroups under `pods_cgroup` (processes).
     pub fn new(
         runtime: RuntimeClient,
         root_dir: PathBuf,
         pod_logs_dir: PathBuf,
         node_name: String,
+        pods_cgroup: &str,
     ) -> Self {
+        let pids = crate::cgroups::v1_controller_root("pids")
+            .or_else(crate::cgroups::v2_root)
+            .map(|root| (root, pods_cgroup.to_owned()));
         Self {
             runtime,
             root_dir,
@@ -304,7 +324,18 @@ impl StatsProvider {
             last_cpu: Mutex::default(),
             du: Mutex::default(),
             memcg_v1_root: crate::cgroups::memcg_v1_root(),
+            pids,
         }
+    }
+
+    /// The processes in `pod`'s cgroup (`pids.current`).
+    fn process_count(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Option<u64> {
+        let (root, pods) = self.pids.as_ref()?;
+        let cgroup = crate::cm::pod_cgroup(pods, pod);
+        let path = root
+            .join(cgroup.trim_start_matches('/'))
+            .join("pids.current");
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
     /// The summary of the node and of the pods in `views`; with
@@ -591,6 +622,9 @@ impl StatsProvider {
             network: None,
             volume: Vec::new(),
             ephemeral_storage: None,
+            process_stats: Some(ProcessStats {
+                process_count: self.process_count(pod),
+            }),
         };
         if only_cpu_and_memory {
             return Some(stats);

@@ -173,6 +173,28 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                 })
                 .expect("memory line");
             assert!(memory_line.contains(&format!("{b}/")), "{memory_line}");
+            // The summary counts the pod's processes there (the pause process
+            // and sleep), which PID pressure ranks by.
+            let views: Vec<_> = agent
+                .handles
+                .workers
+                .views()
+                .into_iter()
+                .filter(|v| v.pod.metadata.name.as_deref() == Some(&w.pod_name("burstable")))
+                .collect();
+            let summary = agent
+                .handles
+                .served
+                .stats
+                .summary(&views, true)
+                .await
+                .expect("summary");
+            assert_eq!(
+                summary.pods[0].process_stats.and_then(|p| p.process_count),
+                Some(2),
+                "{:?}",
+                summary.pods[0].process_stats
+            );
             for name in ["guaranteed", "burstable", "besteffort"] {
                 api.delete_pod("default", &w.pod_name(name), Some(0));
             }

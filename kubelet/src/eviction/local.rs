@@ -165,6 +165,7 @@ mod tests {
             network: None,
             volume: Vec::new(),
             ephemeral_storage: fs(total),
+            process_stats: None,
         }
     }
 

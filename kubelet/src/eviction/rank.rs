@@ -93,9 +93,19 @@ pub fn rank(signal: Signal, pods: &mut [Candidate<'_>]) {
 
 fn order(signal: Signal, a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
     if signal == Signal::PidAvailable {
-        // Upstream measures processes per pod; evlet's stats do not have them
-        // yet, so PID pressure ranks by priority alone.
-        return priority(a.pod).cmp(&priority(b.pod));
+        // Upstream's rankPIDPressure: lower priority, then (pods without stats
+        // first) more processes.
+        let count = |c: &Candidate<'_>| {
+            c.stats
+                .map(|s| s.process_stats.and_then(|p| p.process_count).unwrap_or(0))
+        };
+        return priority(a.pod)
+            .cmp(&priority(b.pod))
+            .then_with(|| match (count(a), count(b)) {
+                (None, Some(_)) => Ordering::Less,
+                (Some(_), None) => Ordering::Greater,
+                (x, y) => y.cmp(&x),
+            });
     }
     let measured = |c: &Candidate<'_>| c.stats.and_then(|s| usage(signal, s));
     let (ua, ub) = (measured(a), measured(b));
@@ -237,10 +247,17 @@ mod tests {
             network: None,
             volume: Vec::new(),
             ephemeral_storage: None,
+            process_stats: Some(crate::stats::ProcessStats {
+                process_count: Some(working_set >> 20),
+            }),
         }
     }
 
     fn order_of(pods: &[(Pod, Option<PodStats>)]) -> Vec<String> {
+        order_for(Signal::MemoryAvailable, pods)
+    }
+
+    fn order_for(signal: Signal, pods: &[(Pod, Option<PodStats>)]) -> Vec<String> {
         let mut c: Vec<Candidate<'_>> = pods
             .iter()
             .map(|(p, s)| Candidate {
@@ -248,7 +265,7 @@ mod tests {
                 stats: s.as_ref(),
             })
             .collect();
-        rank(Signal::MemoryAvailable, &mut c);
+        rank(signal, &mut c);
         c.iter()
             .map(|c| crate::pod::name(c.pod).to_owned())
             .collect()
@@ -299,6 +316,24 @@ mod tests {
                 "important-over",
                 "within"
             ]
+        );
+    }
+
+    #[test]
+    fn pid_pressure_ranks_by_priority_then_the_most_processes() {
+        // `stats(name, n MiB)` counts n processes.
+        let pods = [
+            (pod("few", 0, None, None), Some(stats("few", 3 << 20))),
+            (pod("many", 0, None, None), Some(stats("many", 300 << 20))),
+            (
+                pod("important", 10, None, None),
+                Some(stats("important", 900 << 20)),
+            ),
+            (pod("unmeasured", 0, None, None), None),
+        ];
+        assert_eq!(
+            order_for(Signal::PidAvailable, &pods),
+            ["unmeasured", "many", "few", "important"]
         );
     }
 
