@@ -301,6 +301,79 @@ async fn node_status_is_patched_on_change_and_otherwise_every_five_minutes() {
     assert_eq!(at, [50, 350], "then only the 5-minute report");
 }
 
+#[tokio::test(start_paused = true)]
+async fn pressure_conditions_taint_the_node_no_schedule_and_untaint_it() {
+    let api = MockApi::new();
+    api.create(
+        "nodes",
+        "",
+        json!({"metadata": {"name": "n1"},
+               "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}),
+    );
+    let (pressure, rx) = watch::channel(evlet::eviction::Pressure::default());
+    let mut input = healthy();
+    input.pressure = rx;
+    let token = CancellationToken::new();
+    let registered = node::register(&api.client(), &input, &token)
+        .await
+        .expect("registered");
+    tokio::spawn(node::run_status(
+        api.client(),
+        input,
+        registered,
+        token.clone(),
+    ));
+    let taints = || {
+        let node = api.get("nodes", "", "n1").expect("node");
+        node["spec"]["taints"]
+            .as_array()
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| {
+                        format!(
+                            "{}:{}",
+                            t["key"].as_str().unwrap_or(""),
+                            t["effect"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(taints(), ["dedicated:NoSchedule"], "no pressure, no taint");
+    pressure.send_replace(evlet::eviction::Pressure {
+        memory: true,
+        disk: true,
+        pid: false,
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        taints(),
+        [
+            "dedicated:NoSchedule",
+            "node.kubernetes.io/memory-pressure:NoSchedule",
+            "node.kubernetes.io/disk-pressure:NoSchedule"
+        ]
+    );
+    // The patch is guarded by the resourceVersion it read.
+    let patch = api
+        .requests_matching("PATCH", "/api/v1/nodes/n1")
+        .into_iter()
+        .find(|r| r.body.as_ref().is_some_and(|b| !b["spec"].is_null()))
+        .and_then(|r| r.body)
+        .expect("a spec patch");
+    assert!(patch["metadata"]["resourceVersion"].is_string(), "{patch}");
+    pressure.send_replace(evlet::eviction::Pressure::default());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        taints(),
+        ["dedicated:NoSchedule"],
+        "an administrator's taint stays"
+    );
+    token.cancel();
+}
+
 fn pod(name: &str, node: &str) -> serde_json::Value {
     json!({
         "metadata": {"name": name, "namespace": "default"},

@@ -251,6 +251,23 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
         },
     )
     .await;
+    // ... and the matching NoSchedule taint (the condition's, as the node
+    // lifecycle controller sets it).
+    eventually(
+        Duration::from_secs(20),
+        "the memory-pressure taint",
+        || async {
+            let node = api.get("nodes", "", &w.name)?;
+            node["spec"]["taints"]
+                .as_array()?
+                .iter()
+                .any(|t| {
+                    t["key"] == "node.kubernetes.io/memory-pressure" && t["effect"] == "NoSchedule"
+                })
+                .then_some(())
+        },
+    )
+    .await;
     let late = format!("late{round}");
     api.create("pods", "default", api_pod(w, &late, sleeper(json!({}))));
     let refused = phase(&api, &w.pod_name(&late), "Failed", Duration::from_secs(30)).await;

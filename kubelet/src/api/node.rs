@@ -419,12 +419,25 @@ pub async fn run_status(
     let mut backoff = Retry::new(Duration::from_millis(200), Duration::from_secs(7));
     let mut delay = STATUS_UPDATE;
     let mut pressure = input.pressure.clone();
+    // The pressure the Node's taints were last brought in line with (None:
+    // not yet, or the last try failed).
+    let mut tainted_for = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(delay) => {}
             // A pressure condition changed: report it now, not at the next tick.
             Ok(()) = pressure.changed() => {}
+        }
+        let now = *pressure.borrow();
+        if tainted_for != Some(now) {
+            match reconcile_pressure_taints(&nodes, &input.name, now).await {
+                Ok(()) => tainted_for = Some(now),
+                Err(e) => {
+                    tainted_for = None;
+                    tracing::warn!(node = %input.name, error = %e, "updating the node's pressure taints failed");
+                }
+            }
         }
         let machine = Machine::read(&input.root_dir);
         let new = status(&input, &machine, last_sent.as_ref());
@@ -457,6 +470,78 @@ pub async fn run_status(
             }
         }
     }
+}
+
+/// The `NoSchedule` taint of each pressure condition (the keys of the node
+/// lifecycle controller's `TaintNodesByCondition`).
+pub const PRESSURE_TAINTS: [&str; 3] = [
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/pid-pressure",
+];
+
+/// The node's taints with the pressure taints matching `pressure`; None when
+/// `existing` already matches. Other taints stay as they are.
+pub fn pressure_taints(
+    existing: &[Taint],
+    pressure: crate::eviction::Pressure,
+) -> Option<Vec<Taint>> {
+    let wanted = [pressure.memory, pressure.disk, pressure.pid];
+    let has = |key: &str| {
+        existing
+            .iter()
+            .any(|t| t.key == key && t.effect == "NoSchedule")
+    };
+    if PRESSURE_TAINTS
+        .iter()
+        .zip(wanted)
+        .all(|(key, on)| has(key) == on)
+    {
+        return None;
+    }
+    let mut taints: Vec<Taint> = existing
+        .iter()
+        .filter(|t| !(PRESSURE_TAINTS.contains(&t.key.as_str()) && t.effect == "NoSchedule"))
+        .cloned()
+        .collect();
+    for (key, on) in PRESSURE_TAINTS.iter().zip(wanted) {
+        if on {
+            taints.push(Taint {
+                key: (*key).to_owned(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            });
+        }
+    }
+    Some(taints)
+}
+
+/// Brings the Node's pressure taints in line with `pressure`: a merge patch
+/// of `spec.taints` guarded by the resourceVersion read (a conflict is tried
+/// again at the next status update).
+async fn reconcile_pressure_taints(
+    nodes: &Api<Node>,
+    name: &str,
+    pressure: crate::eviction::Pressure,
+) -> Result<(), kube::Error> {
+    let node = nodes.get(name).await?;
+    let existing = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let Some(taints) = pressure_taints(&existing, pressure) else {
+        return Ok(());
+    };
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": node.metadata.resource_version},
+        "spec": {"taints": taints},
+    });
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    tracing::info!(node = %name, ?pressure, "node pressure taints updated");
+    Ok(())
 }
 
 /// This node's Node object as the API server has it (its labels and taints
@@ -588,6 +673,42 @@ async fn renew(leases: &Api<Lease>, name: &str, mut lease: Lease) -> Result<Leas
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pressure_taints_follow_the_conditions_and_leave_others_alone() {
+        use crate::eviction::Pressure;
+        let admin = Taint {
+            key: "dedicated".into(),
+            value: Some("gpu".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            pressure_taints(std::slice::from_ref(&admin), Pressure::default()),
+            None
+        );
+        let memory = Pressure {
+            memory: true,
+            ..Pressure::default()
+        };
+        let tainted = pressure_taints(std::slice::from_ref(&admin), memory).expect("changed");
+        assert_eq!(tainted.len(), 2);
+        assert_eq!(tainted[0], admin);
+        assert_eq!(tainted[1].key, "node.kubernetes.io/memory-pressure");
+        assert_eq!(tainted[1].effect, "NoSchedule");
+        assert_eq!(pressure_taints(&tainted, memory), None, "already in line");
+        let disk = Pressure {
+            disk: true,
+            ..Pressure::default()
+        };
+        let swapped = pressure_taints(&tainted, disk).expect("changed");
+        let keys: Vec<&str> = swapped.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["dedicated", "node.kubernetes.io/disk-pressure"]);
+        assert_eq!(
+            pressure_taints(&swapped, Pressure::default()),
+            Some(vec![admin])
+        );
+    }
 
     fn input(ready: Result<(), NotReady>) -> NodeInput {
         NodeInput {

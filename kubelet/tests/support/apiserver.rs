@@ -179,6 +179,28 @@ pub fn check_element_order(patch: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// JSON merge patch (RFC 7386): objects merge, everything else (lists
+/// included) is replaced, `null` removes.
+pub fn merge_json(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let Some(t) = target.as_object_mut() else {
+        return;
+    };
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_json(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
 /// Strategic merge (the subset Kubernetes objects need here).
 pub fn merge(target: &mut Value, patch: &Value) {
     match patch {
@@ -1164,7 +1186,26 @@ impl MockApi {
                         &format!("Precondition failed: UID in precondition: {uid}"),
                     );
                 }
-                if sub == "status" {
+                // A resourceVersion in the patch is a precondition.
+                if let Some(rv) = patch["metadata"]["resourceVersion"].as_str()
+                    && obj["metadata"]["resourceVersion"].as_str() != Some(rv)
+                {
+                    return status(
+                        409,
+                        "Conflict",
+                        &format!(
+                            "Operation cannot be fulfilled on {coll} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+                        ),
+                    );
+                }
+                if content_type == "application/merge-patch+json" {
+                    // RFC 7386: lists are replaced whole.
+                    let mut patch = patch.clone();
+                    if let Some(m) = patch["metadata"].as_object_mut() {
+                        m.remove("resourceVersion");
+                    }
+                    merge_json(&mut obj, &patch);
+                } else if sub == "status" {
                     if !patch["status"].is_null() {
                         merge(&mut obj["status"], &patch["status"]);
                     }
