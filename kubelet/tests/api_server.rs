@@ -775,6 +775,46 @@ async fn the_mock_refuses_what_the_api_server_refuses() {
         .await,
         200
     );
+    // A resourceVersion in a patch is a precondition; a merge patch replaces lists.
+    let node_path = "/api/v1/nodes/n9";
+    api.create(
+        "nodes",
+        "",
+        json!({"metadata": {"name": "n9"}, "spec": {"taints": [
+            {"key": "a", "effect": "NoSchedule"}, {"key": "b", "effect": "NoSchedule"}]}}),
+    );
+    let stale = json!({"metadata": {"resourceVersion": "999999"}, "spec": {"taints": []}});
+    assert_eq!(
+        raw(
+            &api,
+            "PATCH",
+            node_path,
+            "application/merge-patch+json",
+            stale
+        )
+        .await,
+        409,
+        "a stale resourceVersion"
+    );
+    let rv = api.get("nodes", "", "n9").expect("node")["metadata"]["resourceVersion"].clone();
+    let current = json!({"metadata": {"resourceVersion": rv},
+                         "spec": {"taints": [{"key": "b", "effect": "NoSchedule"}]}});
+    assert_eq!(
+        raw(
+            &api,
+            "PATCH",
+            node_path,
+            "application/merge-patch+json",
+            current
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        api.get("nodes", "", "n9").expect("node")["spec"]["taints"],
+        json!([{"key": "b", "effect": "NoSchedule"}]),
+        "the list replaced whole"
+    );
     let wrong_kind = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}});
     assert_eq!(
         raw(
