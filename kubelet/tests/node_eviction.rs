@@ -329,12 +329,18 @@ async fn local_storage_over_its_limits_evicts_its_pod_only() {
                     "terminationGracePeriodSeconds": 30
                 })
             };
-            // A container writing 20 MiB to its writable layer past its 10Mi limit.
+            // A container writing 20 MiB to its writable layer past its 10Mi
+            // limit. Its neighbour's 100Mi keeps the pod within the sum of its
+            // containers' limits (upstream checks that first), so the
+            // container's own limit is what evicts.
             let layer = json!({
-                "containers": [{"name": "app", "image": IMAGE,
-                    "command": ["sh", "-c",
-                        "dd if=/dev/zero of=/fill bs=1048576 count=20 && exec sleep 3600"],
-                    "resources": {"limits": {"ephemeral-storage": "10Mi"}}}],
+                "containers": [
+                    {"name": "app", "image": IMAGE,
+                     "command": ["sh", "-c",
+                         "dd if=/dev/zero of=/fill bs=1048576 count=20 && exec sleep 3600"],
+                     "resources": {"limits": {"ephemeral-storage": "10Mi"}}},
+                    {"name": "side", "image": IMAGE, "command": ["sleep", "3600"],
+                     "resources": {"limits": {"ephemeral-storage": "100Mi"}}}],
                 "terminationGracePeriodSeconds": 30
             });
             api.create("pods", "default", api_pod(&w, "over", filler(20)));
