@@ -302,6 +302,7 @@ pub async fn start(
         cache: cache.clone(),
         syncer,
         container_gc: config.container_gc,
+        qos_stale: true,
         metrics: Arc::clone(&metrics),
         served: Arc::clone(&served),
         hints: pleg.hints.clone(),
@@ -527,17 +528,6 @@ async fn start_hint_source(
 }
 
 /// The pods' cgroup parent (cgroupfs driver).
-/// The machine's resources in node allocatable's units.
-fn node_resources(machine: &Machine) -> crate::cm::allocatable::Resources {
-    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    crate::cm::allocatable::Resources {
-        cpu_milli: int(machine.cpus).saturating_mul(1000),
-        memory: int(machine.memory),
-        ephemeral_storage: int(machine.disk),
-        pids: int(machine.pid_max),
-    }
-}
-
 fn pods_cgroup(config: &Config) -> String {
     format!("{}/kubepods", config.cgroup_root.trim_end_matches('/'))
 }
@@ -570,7 +560,11 @@ fn build_syncer(
         &pods_cgroup(config),
         config.pod_pids_limit,
     ));
-    cgroups.ensure_node(&config.reservations.pods_cgroup(node_resources(machine)))?;
+    cgroups.ensure_node(
+        &config
+            .reservations
+            .pods_cgroup(crate::cm::allocatable::Resources::of(machine)),
+    )?;
     let node = NodeContext {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
@@ -873,9 +867,10 @@ fn start_api(
         manager,
         statics: statics_tx,
         allocatable: {
-            let a = config
-                .reservations
-                .allocatable(node_resources(machine), &config.eviction);
+            let a = config.reservations.allocatable(
+                crate::cm::allocatable::Resources::of(machine),
+                &config.eviction,
+            );
             Allocatable {
                 cpu_milli: a.cpu_milli,
                 memory: a.memory,

@@ -89,10 +89,7 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
 /// A pod's requests or limits (millicores, bytes) as [`pod_requests`] counts
 /// them (upstream's `PodRequests` / `PodLimits`).
 pub fn pod_totals(pod: &Pod, list: List) -> (i64, i64) {
-    let Some(spec) = pod.spec.as_ref() else {
-        return (0, 0);
-    };
-    let of = |c: &Container| {
+    pod_sum(pod, |c| {
         let (cpu, mem) = values(c, list);
         if list == List::Requests {
             let (lc, lm) = values(c, List::Limits);
@@ -100,6 +97,15 @@ pub fn pod_totals(pod: &Pod, list: List) -> (i64, i64) {
         } else {
             (cpu.unwrap_or(0), mem.unwrap_or(0))
         }
+    })
+}
+
+/// Upstream's rule for a pod's amount of a resource from its containers'
+/// (`of`, two resources at once): the app containers and sidecars summed, or
+/// the largest init container with the sidecars before it, whichever is larger.
+pub fn pod_sum(pod: &Pod, of: impl Fn(&Container) -> (i64, i64)) -> (i64, i64) {
+    let Some(spec) = pod.spec.as_ref() else {
+        return (0, 0);
     };
     let (mut cpu, mut mem) = (0_i64, 0_i64);
     let (mut init_cpu, mut init_mem) = (0_i64, 0_i64);

@@ -63,6 +63,8 @@ pub struct SyncLoop {
     pub syncer: Arc<Syncer>,
     /// How many dead containers the container GC keeps.
     pub container_gc: crate::container_gc::Policy,
+    /// The pods changed since the QoS cgroups were last brought in line.
+    pub qos_stale: bool,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// What the HTTP endpoint serves (sources-ready flag).
@@ -165,6 +167,7 @@ impl SyncLoop {
         for update in updates {
             self.handle_update(update);
         }
+        self.qos_stale = true;
         if source != Source::Api {
             // Static pods come from the file and HTTP sources only.
             self.publish_statics();
@@ -446,10 +449,13 @@ impl SyncLoop {
     /// Only once every source has reported (`sourcesReady`), like upstream.
     fn housekeeping(&mut self) {
         self.syncer.gc();
-        // The burstable tier's CPU shares follow its desired pods' requests
-        // (written only when they change).
-        if let Err(e) = self.syncer.cgroups().update_qos(self.pods.values()) {
-            tracing::warn!(error = %e, "cannot update the QoS cgroups");
+        // The burstable tier's CPU shares follow its desired pods' requests:
+        // summed again only after the pods changed, written only when the sum did.
+        if self.qos_stale {
+            match self.syncer.cgroups().update_qos(self.pods.values()) {
+                Ok(()) => self.qos_stale = false,
+                Err(e) => tracing::warn!(error = %e, "cannot update the QoS cgroups"),
+            }
         }
         if !self.config.sources_ready() {
             return;

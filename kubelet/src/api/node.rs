@@ -114,14 +114,8 @@ pub fn allocatable(
     max_pods: u32,
     reserved: &Reserved,
 ) -> BTreeMap<String, Quantity> {
-    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let a = reserved.reservations.allocatable(
-        crate::cm::allocatable::Resources {
-            cpu_milli: int(machine.cpus).saturating_mul(1000),
-            memory: int(machine.memory),
-            ephemeral_storage: int(machine.disk),
-            pids: int(machine.pid_max),
-        },
+        crate::cm::allocatable::Resources::of(machine),
         &reserved.eviction,
     );
     let cpu = if a.cpu_milli % 1000 == 0 {

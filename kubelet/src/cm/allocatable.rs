@@ -20,6 +20,17 @@ pub struct Resources {
 }
 
 impl Resources {
+    /// The machine's capacity in these units.
+    pub fn of(machine: &crate::machine::Machine) -> Self {
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Self {
+            cpu_milli: int(machine.cpus).saturating_mul(1000),
+            memory: int(machine.memory),
+            ephemeral_storage: int(machine.disk),
+            pids: int(machine.pid_max),
+        }
+    }
+
     fn minus(self, r: &Self) -> Self {
         Self {
             cpu_milli: self.cpu_milli.saturating_sub(r.cpu_milli).max(0),

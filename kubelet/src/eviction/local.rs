@@ -64,22 +64,9 @@ fn pod_limit(pod: &Pod) -> Option<i64> {
     if !has_storage_limits(pod) {
         return None;
     }
-    let spec = pod.spec.as_ref()?;
-    let of = |c: &Container| container_limit(c).map_or(0, |(b, _)| b);
-    let (mut init, mut sidecars) = (0_i64, 0_i64);
-    for c in spec.init_containers.iter().flatten() {
-        if crate::pod::is_restartable_init(c) {
-            sidecars = sidecars.saturating_add(of(c));
-        } else {
-            init = init.max(sidecars.saturating_add(of(c)));
-        }
-    }
-    let apps = spec
-        .containers
-        .iter()
-        .map(of)
-        .fold(0_i64, i64::saturating_add);
-    Some(apps.saturating_add(sidecars).max(init))
+    let (limit, _) =
+        crate::resources::pod_sum(pod, |c| (container_limit(c).map_or(0, |(b, _)| b), 0));
+    Some(limit)
 }
 
 /// Upstream's `podEphemeralStorageLimitEviction` then

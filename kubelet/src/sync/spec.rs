@@ -224,7 +224,9 @@ pub fn linux_resources(
     // input and must not overflow (found by fuzzing). Shares are capped at
     // the kernel's maximum, as upstream's MilliCPUToShares does.
     let narrow = |v: i128| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
-    let shares = req_cpu.map_or(2, |m| narrow(i128::from(m) * 1024 / 1000).clamp(2, 262_144));
+    let shares = req_cpu.map_or(2, |m| {
+        i64::try_from(crate::cm::limits::milli_to_shares(m)).unwrap_or(i64::MAX)
+    });
     let oom_score_adj = match qos(pod) {
         Qos::Guaranteed => -997,
         Qos::BestEffort => 1000,
@@ -235,9 +237,8 @@ pub fn linux_resources(
     };
     api::LinuxContainerResources {
         cpu_period: if limit_cpu.is_some() { PERIOD } else { 0 },
-        cpu_quota: limit_cpu.map_or(0, |m| {
-            narrow(i128::from(m) * i128::from(PERIOD) / 1000).max(1000)
-        }),
+        // A zero or negative limit still gets upstream's smallest quota.
+        cpu_quota: limit_cpu.map_or(0, |m| crate::cm::limits::milli_to_quota(m).unwrap_or(1000)),
         cpu_shares: shares,
         memory_limit_in_bytes: limit_mem.unwrap_or(0),
         oom_score_adj,
