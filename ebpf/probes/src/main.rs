@@ -213,6 +213,11 @@ fn send_oom_if_victim(tid: u32, cgroup_id: u64) {
     };
     let mut record = *marked;
     let _ = VICTIMS.remove(tid);
+    if record.comm[0] == 0 {
+        // Kernels before 6.x give `mark_victim` only the PID (5.10 does):
+        // the victim's command is current's here.
+        record.comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+    }
     let flags = if is_watched(cgroup_id) {
         flag::WATCHED
     } else {
