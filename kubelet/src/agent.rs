@@ -74,6 +74,9 @@ pub enum StartError {
     /// The pods' cgroup could not be made or limited to node allocatable.
     #[error("the pods' cgroup (node allocatable): {0}")]
     Cgroups(#[from] crate::cm::CgroupError),
+    /// `singleProcessOOMKill: false` on cgroup v1.
+    #[error(transparent)]
+    GroupOomKill(#[from] crate::cm::GroupOomKillOnV1),
 }
 
 /// A running agent's handles, for tests and the binary.
@@ -99,6 +102,9 @@ pub struct Handles {
     pub secure_address: Option<std::net::SocketAddr>,
     /// Where the read-only HTTP endpoint (`/pods`, `/metrics`, `/debug`) listens.
     pub address: std::net::SocketAddr,
+    /// A container collection now (what the eviction manager's node-level
+    /// reclaim asks for).
+    pub reclaim: crate::container_gc::Reclaim,
 }
 
 /// Starts the agent; it runs until `shutdown` is cancelled.
@@ -247,9 +253,11 @@ pub async fn start(
         },
     ));
     tokio::spawn(Arc::clone(&images).run(shutdown.child_token()));
+    let (reclaim, reclaim_rx) = crate::container_gc::Reclaim::channel();
     let eviction = EvictionManager::new(
         config.eviction.clone(),
         crate::eviction::Collaborators {
+            containers: reclaim.clone(),
             images,
             stats: Arc::clone(&served.stats),
             workers: workers.clone(),
@@ -321,6 +329,7 @@ pub async fn start(
         prober,
         secure_address,
         address,
+        reclaim,
     };
     let inputs = Inputs {
         sources: src_rx,
@@ -329,6 +338,7 @@ pub async fn start(
         probes: probe_rx,
         objects: objects_rx,
         refresh: refresh_rx,
+        reclaim: reclaim_rx,
     };
     // The agent's task ends once the sync loop stopped and the diagnostics
     // were written a last time.
@@ -552,11 +562,13 @@ fn build_syncer(
     recursive_read_only: bool,
 ) -> Result<Arc<Syncer>, StartError> {
     // The pods' cgroup tree, limited to node allocatable before any pod runs.
+    let layout = config
+        .cgroup_layout
+        .clone()
+        .unwrap_or_else(crate::cm::Layout::detect);
+    let oom_group_kill = crate::cm::group_oom_kill(&layout, config.single_process_oom_kill)?;
     let cgroups = Arc::new(crate::cm::CgroupManager::new(
-        config
-            .cgroup_layout
-            .clone()
-            .unwrap_or_else(crate::cm::Layout::detect),
+        layout,
         &pods_cgroup(config),
         config.pod_pids_limit,
     ));
@@ -589,6 +601,7 @@ fn build_syncer(
         seccomp_default: config.pods.seccomp_default,
         parallel_image_pulls: config.pods.parallel_image_pulls,
         parallel_pod_starts: config.pods.parallel_pod_starts,
+        oom_group_kill,
     };
     let (objects, sources): (Arc<dyn EnvObjects>, Arc<dyn VolumeSources>) = match readers {
         Some(r) => (

@@ -101,6 +101,10 @@ pub struct Config {
     /// Where the pods' cgroup tree is written; None: the host's hierarchies
     /// (tests over the in-process fake runtime point it at a directory).
     pub cgroup_layout: Option<crate::cm::Layout>,
+    /// `singleProcessOOMKill`: None is upstream's default (on pure cgroup v2
+    /// an OOM kill takes the container's every process, through
+    /// `memory.oom.group`; on v1 only the process the kernel chose).
+    pub single_process_oom_kill: Option<bool>,
     /// `--node-labels`: labels the node registers with, beside its defaults.
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// The secured kubelet API (`port`, TLS, authentication, authorization);
@@ -366,6 +370,10 @@ pub struct KubeletConfiguration {
     /// Must be true (evlet always makes the QoS tiers).
     #[serde(rename = "cgroupsPerQOS")]
     pub cgroups_per_qos: Option<bool>,
+    /// Only the process the OOM killer chose dies, never its container's
+    /// others (default false on cgroup v2; v1 cannot kill a group).
+    #[serde(rename = "singleProcessOOMKill")]
+    pub single_process_oom_kill: Option<bool>,
 }
 
 const KNOWN: &[&str] = &[
@@ -418,6 +426,7 @@ const KNOWN: &[&str] = &[
     "enforceNodeAllocatable",
     "podPidsLimit",
     "cgroupsPerQOS",
+    "singleProcessOOMKill",
 ];
 
 /// `authentication` of a KubeletConfiguration.

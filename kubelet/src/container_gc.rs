@@ -9,9 +9,16 @@
 //! `kubectl logs --previous` read); with `max_containers` set, the units are
 //! first cut to an equal share of it and then the oldest instances node-wide
 //! go until the node holds no more than that.
+//!
+//! [`Reclaim`] is how the eviction manager asks the sync loop (which owns the
+//! pod cache the decision reads) for a collection now, as upstream's
+//! node-level reclaim calls `DeleteAllUnusedContainers` before it evicts a
+//! pod for disk.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
 
 use evlet_cri::ContainerId;
 
@@ -57,6 +64,30 @@ pub struct Dead {
     pub id: ContainerId,
     /// When it was created (Unix ns).
     pub created_at: i64,
+}
+
+/// A handle on the sync loop's container GC: [`Reclaim::collect`] runs one
+/// collection now and answers how many dead containers it removed.
+#[derive(Debug, Clone)]
+pub struct Reclaim(mpsc::Sender<oneshot::Sender<usize>>);
+
+/// The sync loop's end of [`Reclaim`]: each request carries where the count goes.
+pub type Requests = mpsc::Receiver<oneshot::Sender<usize>>;
+
+impl Reclaim {
+    /// A handle and the requests its holder makes.
+    pub fn channel() -> (Self, Requests) {
+        let (tx, rx) = mpsc::channel(4);
+        (Self(tx), rx)
+    }
+
+    /// Runs a collection and waits until its removals are done; None if the
+    /// sync loop is gone.
+    pub async fn collect(&self) -> Option<usize> {
+        let (tx, rx) = oneshot::channel();
+        self.0.send(tx).await.ok()?;
+        rx.await.ok()
+    }
 }
 
 /// The dead containers of `pods` to remove at `now_ns` under `policy`.

@@ -353,6 +353,7 @@ fn effective(flags: Flags) -> Result<Config> {
         reservations,
         pod_pids_limit: file.pod_pids_limit.unwrap_or(-1),
         cgroup_layout: None,
+        single_process_oom_kill: file.single_process_oom_kill,
         node_labels,
         secure,
     })

@@ -46,6 +46,9 @@ pub struct Inputs {
     pub objects: mpsc::UnboundedReceiver<Changed>,
     /// Pods whose service-account token needs refreshing (API-server mode).
     pub refresh: mpsc::UnboundedReceiver<PodUid>,
+    /// Container collections asked for now (the eviction manager's node-level
+    /// reclaim).
+    pub reclaim: crate::container_gc::Requests,
 }
 
 /// The sync loop's state.
@@ -107,6 +110,7 @@ impl SyncLoop {
             mut probes,
             mut objects,
             mut refresh,
+            mut reclaim,
         } = inputs;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
         let mut gc = tokio::time::interval(self.container_gc.period);
@@ -158,7 +162,18 @@ impl SyncLoop {
                     }
                 }
                 _ = housekeeping.tick() => self.housekeeping(),
-                _ = gc.tick() => self.container_gc(),
+                _ = gc.tick() => {
+                    self.container_gc();
+                }
+                Some(reply) = reclaim.recv() => {
+                    let (removed, removals) = self.container_gc();
+                    tokio::spawn(async move {
+                        for r in removals {
+                            let _ = r.await;
+                        }
+                        let _ = reply.send(removed);
+                    });
+                }
             }
         }
     }
@@ -472,7 +487,9 @@ impl SyncLoop {
         }
     }
 
-    fn container_gc(&mut self) {
+    /// One container collection: how many dead containers it removes, and
+    /// the tasks removing them.
+    fn container_gc(&mut self) -> (usize, Vec<tokio::task::JoinHandle<()>>) {
         // Pod directories of pods neither desired, nor worked on, nor in the
         // runtime: left by an agent that went down mid-way (once sources are
         // ready, like orphaned pods).
@@ -493,17 +510,19 @@ impl SyncLoop {
             &self.container_gc,
             crate::clock::unix_ns(),
         );
+        let removed = dead.len();
         let mut by_pod: BTreeMap<PodUid, Vec<evlet_cri::ContainerId>> = BTreeMap::new();
         for d in dead {
             by_pod.entry(d.pod).or_default().push(d.id);
         }
+        let mut removals = Vec::new();
         for status in known {
             let Some(ids) = by_pod.remove(&status.uid) else {
                 continue;
             };
             let syncer = Arc::clone(&self.syncer);
             let hints = self.hints.clone();
-            tokio::spawn(async move {
+            removals.push(tokio::spawn(async move {
                 // The agent's own removals must not look like external changes.
                 if let Some(h) = &hints {
                     h.suspend(status.uid.clone());
@@ -512,8 +531,9 @@ impl SyncLoop {
                 if let Some(h) = &hints {
                     h.resume(status.uid.clone(), true);
                 }
-            });
+            }));
         }
+        (removed, removals)
     }
 }
 

@@ -1,7 +1,8 @@
 //! The whole agent (`agent::start`) over the fake runtime: fast, unprivileged
 //! tests of what the wiring promises — orphans wait for every source, an
-//! unusable eBPF falls back to `generic`, and the HTTP endpoint serves health,
-//! metrics, pods and the kernel's OOM records.
+//! unusable eBPF falls back to `generic`, the HTTP endpoint serves health,
+//! metrics, pods and the kernel's OOM records, and the eviction manager's
+//! container reclaim removes dead containers at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +80,7 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
             memory: Some(root.path().join("cgroup/memory")),
             pids: Some(root.path().join("cgroup/pids")),
         }),
+        single_process_oom_kill: None,
     }
 }
 
@@ -302,4 +304,63 @@ async fn the_http_endpoint_serves_health_metrics_pods_and_oom_records() {
         events.contains("pod memory limit 67108864 bytes hit"),
         "{events}"
     );
+}
+
+/// The node-level reclaim's container collection (upstream's
+/// `DeleteAllUnusedContainers` before an eviction for disk) runs at once, not
+/// at the next GC period, waits until its removals are done and says how many
+/// there were.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_reclaim_removes_the_dead_containers_at_once() {
+    let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
+    let client = RuntimeClient::connect(&server.endpoint(), Options::default()).expect("client");
+    let agent = start(server, |c| {
+        // Keep no dead instance, and never collect on the timer.
+        c.container_gc.max_per_pod_container = 0;
+        c.container_gc.period = Duration::from_secs(3600);
+    })
+    .await;
+    std::fs::write(
+        agent._manifests.path().join("once.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: once}}\nspec:\n  restartPolicy: Never\n  containers:\n  - {{name: app, image: {IMAGE}}}\n"
+        ),
+    )
+    .expect("manifest");
+    let containers = || async {
+        client
+            .list_containers(evlet_cri::ContainerFilter::new())
+            .await
+            .expect("containers")
+    };
+    let id = eventually(Duration::from_secs(10), "the container running", || async {
+        containers()
+            .await
+            .into_iter()
+            .find(|c| c.state == api::ContainerState::ContainerRunning as i32)
+            .map(|c| evlet_cri::ContainerId::new(c.id))
+    })
+    .await;
+    assert!(agent._server.runtime().exit_container(&id, 0, "Completed"));
+    eventually(Duration::from_secs(10), "the exit in the cache", || async {
+        agent
+            .handles
+            .cache
+            .known()
+            .iter()
+            .flat_map(|p| p.containers.iter())
+            .any(|c| c.id == id && c.state == evlet::runtime::State::Exited)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(containers().await.len(), 1, "the timer collected nothing");
+    let removed = within(
+        Duration::from_secs(10),
+        "the reclaim",
+        agent.handles.reclaim.collect(),
+    )
+    .await;
+    assert_eq!(removed, Some(1));
+    assert!(containers().await.is_empty(), "removed before the answer");
 }

@@ -2,7 +2,10 @@
 //! mode: with `kubeReserved` and `systemReserved`, the Node's allocatable is
 //! capacity minus them and the hard eviction threshold, `kubepods` is limited
 //! to capacity minus the reservations, and each pod's cgroup carries the
-//! limits its spec asks for, with its containers inside it.
+//! limits its spec asks for, with its containers inside it. The same test
+//! runs on the hybrid hosts (cgroup v1 files) and in `cargo xtask vm-test`'s
+//! guests on pure cgroup v2 (the v2 files, and the containers' group OOM
+//! kill that upstream asks for there).
 
 #[path = "support/apiserver.rs"]
 mod apiserver;
@@ -24,15 +27,81 @@ fn api_pod(w: &World, name: &str, resources: Value) -> Value {
                                     "resources": resources}]}})
 }
 
-/// A v1 controller file of the cgroup `path`.
-fn read(controller: &str, path: &str, file: &str) -> String {
-    let root: PathBuf =
-        evlet::cgroups::v1_controller_root(controller).expect("a v1 controller (hybrid host)");
-    let p = root.join(path.trim_start_matches('/')).join(file);
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .trim()
-        .to_owned()
+/// The host's cgroup files: v1 controllers (hybrid hosts) or pure v2.
+#[derive(Debug)]
+enum Cgroups {
+    V1,
+    V2(PathBuf),
+}
+
+impl Cgroups {
+    fn detect() -> Self {
+        if evlet::cgroups::v1_controller_root("memory").is_some() {
+            Self::V1
+        } else {
+            Self::V2(evlet::cgroups::v2_root().expect("a pure cgroup v2 hierarchy"))
+        }
+    }
+
+    /// A file of the cgroup `path`: `controller` names the v1 hierarchy.
+    fn read(&self, controller: &str, path: &str, file: &str) -> String {
+        let root = match self {
+            Self::V1 => evlet::cgroups::v1_controller_root(controller).expect("a v1 controller"),
+            Self::V2(root) => root.clone(),
+        };
+        let p = root.join(path.trim_start_matches('/')).join(file);
+        std::fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .trim()
+            .to_owned()
+    }
+
+    /// The memory limit (`memory.limit_in_bytes`, `memory.max`).
+    fn memory(&self, path: &str) -> String {
+        match self {
+            Self::V1 => self.read("memory", path, "memory.limit_in_bytes"),
+            Self::V2(_) => self.read("memory", path, "memory.max"),
+        }
+    }
+
+    /// The CPU weight, as v1 shares; on v2 `cpu.weight`, which the test
+    /// expects as runc converts shares: `1 + (shares - 2) * 9999 / 262142`.
+    fn shares(&self, path: &str) -> String {
+        self.read("cpu", path, self.shares_file())
+    }
+
+    fn shares_file(&self) -> &'static str {
+        match self {
+            Self::V1 => "cpu.shares",
+            Self::V2(_) => "cpu.weight",
+        }
+    }
+
+    fn expect_shares(&self, shares: i64) -> String {
+        match self {
+            Self::V1 => shares.to_string(),
+            Self::V2(_) => (1 + (shares - 2) * 9999 / 262_142).to_string(),
+        }
+    }
+
+    /// The CPU limit as `quota period` (v1: `-1` for none; v2: `max`).
+    fn quota(&self, path: &str) -> String {
+        match self {
+            Self::V1 => format!(
+                "{} {}",
+                self.read("cpu", path, "cpu.cfs_quota_us"),
+                self.read("cpu", path, "cpu.cfs_period_us")
+            ),
+            Self::V2(_) => self.read("cpu", path, "cpu.max"),
+        }
+    }
+
+    fn expect_no_quota(&self) -> &'static str {
+        match self {
+            Self::V1 => "-1 100000",
+            Self::V2(_) => "max 100000",
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -60,6 +129,7 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
             };
             config.pod_pids_limit = 512;
             let kubepods = format!("{}/kubepods", config.cgroup_root);
+            let cg = Cgroups::detect();
             let agent = w.start_with(config).await;
             let machine = evlet::machine::Machine::read(w.root.path());
             let cpus = i64::try_from(machine.cpus).expect("cpus");
@@ -67,17 +137,17 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
 
             // kubepods: capacity minus the reservations (no eviction threshold).
             assert_eq!(
-                read("memory", &kubepods, "memory.limit_in_bytes"),
+                cg.memory(&kubepods),
                 // The kernel keeps whole pages.
                 ((memory - (512 << 20)) / 4096 * 4096).to_string()
             );
             assert_eq!(
-                read("cpu", &kubepods, "cpu.shares"),
-                ((cpus * 1000 - 100) * 1024 / 1000).to_string()
+                cg.shares(&kubepods),
+                cg.expect_shares((cpus * 1000 - 100) * 1024 / 1000)
             );
             assert_eq!(
-                read("cpu", &format!("{kubepods}/besteffort"), "cpu.shares"),
-                "2"
+                cg.shares(&format!("{kubepods}/besteffort")),
+                cg.expect_shares(2)
             );
 
             // The Node's allocatable: also minus the hard memory threshold (100Mi).
@@ -134,31 +204,20 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                     .await;
             }
             let g = format!("{kubepods}/pod{}", uid("guaranteed"));
-            assert_eq!(read("cpu", &g, "cpu.shares"), "204");
-            assert_eq!(read("cpu", &g, "cpu.cfs_quota_us"), "20000");
-            assert_eq!(read("cpu", &g, "cpu.cfs_period_us"), "100000");
-            assert_eq!(
-                read("memory", &g, "memory.limit_in_bytes"),
-                (64 << 20).to_string()
-            );
-            assert_eq!(read("pids", &g, "pids.max"), "512");
+            assert_eq!(cg.shares(&g), cg.expect_shares(204));
+            assert_eq!(cg.quota(&g), "20000 100000");
+            assert_eq!(cg.memory(&g), (64 << 20).to_string());
+            assert_eq!(cg.read("pids", &g, "pids.max"), "512");
             let b = format!("{kubepods}/burstable/pod{}", uid("burstable"));
-            assert_eq!(read("cpu", &b, "cpu.shares"), "102");
-            assert_eq!(
-                read("cpu", &b, "cpu.cfs_quota_us"),
-                "-1",
-                "no CPU limit declared"
-            );
-            assert_eq!(
-                read("memory", &b, "memory.limit_in_bytes"),
-                (128 << 20).to_string()
-            );
+            assert_eq!(cg.shares(&b), cg.expect_shares(102));
+            assert_eq!(cg.quota(&b), cg.expect_no_quota(), "no CPU limit declared");
+            assert_eq!(cg.memory(&b), (128 << 20).to_string());
             let e = format!("{kubepods}/besteffort/pod{}", uid("besteffort"));
-            assert_eq!(read("cpu", &e, "cpu.shares"), "2");
-            assert_eq!(read("pids", &e, "pids.max"), "512");
+            assert_eq!(cg.shares(&e), cg.expect_shares(2));
+            assert_eq!(cg.read("pids", &e, "pids.max"), "512");
             // The burstable tier follows its pods' requests (housekeeping, 2 s).
             eventually(Duration::from_secs(10), "burstable tier shares", || async {
-                (read("cpu", &format!("{kubepods}/burstable"), "cpu.shares") == "102").then_some(())
+                (cg.shares(&format!("{kubepods}/burstable")) == cg.expect_shares(102)).then_some(())
             })
             .await;
             // The container runs inside its pod's cgroup.
@@ -167,12 +226,22 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
             let memory_line = cgroups
                 .lines()
                 .find(|l| {
-                    l.split(':')
-                        .nth(1)
-                        .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+                    let controllers = l.split(':').nth(1);
+                    match cg {
+                        Cgroups::V1 => {
+                            controllers.is_some_and(|c| c.split(',').any(|c| c == "memory"))
+                        }
+                        Cgroups::V2(_) => controllers == Some(""),
+                    }
                 })
                 .expect("memory line");
             assert!(memory_line.contains(&format!("{b}/")), "{memory_line}");
+            // On v2 an OOM kill takes the container's every process, as
+            // upstream asks the runtime (`memory.oom.group`); v1 has no such file.
+            if let Cgroups::V2(_) = cg {
+                let container = memory_line.splitn(3, ':').nth(2).expect("path");
+                assert_eq!(cg.read("memory", container, "memory.oom.group"), "1");
+            }
             // The summary counts the pod's processes there (the pause process
             // and sleep), which PID pressure ranks by.
             let views: Vec<_> = agent

@@ -618,33 +618,47 @@ impl Drop for Stopped {
     }
 }
 
+/// A container whose init forks `memhog` over its 32Mi limit.
+fn child_oom_pod() -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: childoom}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: app\n    image: {IMAGE}\n    command: [/bin/sh, -c, '/bin/memhog 200; echo survived; exec /bin/sleep 3600']\n    resources: {{limits: {{memory: 32Mi}}}}\n"
+    )
+}
+
+/// Waits until the kernel's OOM kill of the child `memhog` in `pod` is recorded.
+async fn child_oom_kill(agent: &Running, pod: &str) {
+    eventually(Duration::from_secs(60), "the child's OOM kill", || async {
+        agent
+            .handles
+            .diagnostics
+            .ooms()
+            .iter()
+            .any(|o| o.pod == pod && o.comm == "memhog")
+            .then_some(())
+    })
+    .await;
+}
+
 /// OOM exactness: a child OOM-killed while the init lives on is an
 /// `OOMKilling` event, not an OOMKilled container; when the init itself dies
 /// later (SIGKILL), its reason is `Error`, not the `OOMKilled` a cumulative
-/// OOM counter would suggest (kubernetes#140716).
+/// OOM counter would suggest (kubernetes#140716). `singleProcessOOMKill`
+/// keeps the init alive on cgroup v2 too, where upstream's default kills the
+/// group.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_childs_oom_kill_does_not_make_the_container_oom_killed() {
     e2e(
         "a_childs_oom_kill_does_not_make_the_container_oom_killed",
         |w| async move {
-            w.write(
-                "child-oom.yaml",
-                &format!(
-                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: childoom}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: app\n    image: {IMAGE}\n    command: [/bin/sh, -c, '/bin/memhog 200; echo survived; exec /bin/sleep 3600']\n    resources: {{limits: {{memory: 32Mi}}}}\n"
-                ),
-            );
-            let agent = w.start_with(ebpf(&w)).await;
+            w.write("child-oom.yaml", &child_oom_pod());
+            let agent = w
+                .start_with(Config {
+                    single_process_oom_kill: Some(true),
+                    ..ebpf(&w)
+                })
+                .await;
             let pod = w.pod_name("childoom");
-            eventually(Duration::from_secs(60), "the child's OOM kill", || async {
-                agent
-                    .handles
-                    .diagnostics
-                    .ooms()
-                    .iter()
-                    .any(|o| o.pod == pod && o.comm == "memhog")
-                    .then_some(())
-            })
-            .await;
+            child_oom_kill(&agent, &pod).await;
             tokio::time::sleep(Duration::from_secs(1)).await;
             let status = agent.status(&pod).expect("status");
             assert!(running(&status, "app"), "the init lives on: {status:?}");
@@ -660,6 +674,42 @@ async fn a_childs_oom_kill_does_not_make_the_container_oom_killed() {
                 (137, Some("Error")),
                 "killed by SIGKILL, not by the OOM killer"
             );
+            agent.stop().await;
+        },
+    )
+    .await;
+}
+
+/// Upstream's default OOM kill mode: on pure cgroup v2 the runtime is asked
+/// for `memory.oom.group`, so a child's OOM kill takes the init with it and
+/// the container is `OOMKilled` (the kernel marks every member a victim); on
+/// cgroup v1 only the child dies and the init lives on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_childs_oom_kill_follows_the_nodes_default_oom_kill_mode() {
+    e2e(
+        "a_childs_oom_kill_follows_the_nodes_default_oom_kill_mode",
+        |w| async move {
+            let group = evlet::cgroups::v1_controller_root("memory").is_none();
+            w.write("child-oom.yaml", &child_oom_pod());
+            let agent = w.start_with(ebpf(&w)).await;
+            let pod = w.pod_name("childoom");
+            child_oom_kill(&agent, &pod).await;
+            if group {
+                let terminated = agent
+                    .wait_status(&pod, "the group's OOM kill", Duration::from_secs(10), |s| {
+                        container(s, "app")?.state.clone()?.terminated
+                    })
+                    .await;
+                assert_eq!(
+                    (terminated.exit_code, terminated.reason.as_deref()),
+                    (137, Some("OOMKilled")),
+                    "the init died in the group's OOM kill"
+                );
+            } else {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let status = agent.status(&pod).expect("status");
+                assert!(running(&status, "app"), "v1: the init lives on: {status:?}");
+            }
             agent.stop().await;
         },
     )

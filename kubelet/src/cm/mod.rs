@@ -68,6 +68,31 @@ impl Layout {
     }
 }
 
+/// `singleProcessOOMKill: false` where the kernel cannot kill a group.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "invalid configuration: singleProcessOOMKill must not be explicitly set to false when using cgroup v1"
+)]
+pub struct GroupOomKillOnV1;
+
+/// Whether an OOM kill takes a container's every process (the runtime
+/// writes `memory.oom.group`), as upstream decides it: on pure cgroup v2
+/// unless `singleProcessOOMKill` is true; never on v1, where asking for it
+/// is an error.
+///
+/// # Errors
+/// [`GroupOomKillOnV1`] for `singleProcessOOMKill: false` on cgroup v1.
+pub fn group_oom_kill(
+    layout: &Layout,
+    single_process: Option<bool>,
+) -> Result<bool, GroupOomKillOnV1> {
+    match layout {
+        Layout::V2(_) => Ok(!single_process.unwrap_or(false)),
+        Layout::V1 { .. } if single_process == Some(false) => Err(GroupOomKillOnV1),
+        Layout::V1 { .. } | Layout::Off => Ok(false),
+    }
+}
+
 /// Why a cgroup could not be made or limited.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {source}")]
@@ -308,5 +333,24 @@ mod tests {
         assert_eq!(read("kubepods/podu2/cpu.max"), "50000 100000");
         assert_eq!(read("kubepods/podu2/memory.max"), "67108864");
         assert_eq!(read("kubepods/podu2/cpu.weight"), "20");
+    }
+
+    #[test]
+    fn a_group_oom_kill_is_upstreams_default_on_v2_only() {
+        let v1 = Layout::V1 {
+            cpu: None,
+            memory: None,
+            pids: None,
+        };
+        let v2 = Layout::V2(PathBuf::from("/sys/fs/cgroup"));
+        assert!(!group_oom_kill(&v1, None).expect("v1 default"));
+        assert!(!group_oom_kill(&v1, Some(true)).expect("v1 single"));
+        assert_eq!(
+            group_oom_kill(&v1, Some(false)).map_err(|e| e.to_string()),
+            Err("invalid configuration: singleProcessOOMKill must not be explicitly set to false when using cgroup v1".to_owned())
+        );
+        assert!(group_oom_kill(&v2, None).expect("v2 default"));
+        assert!(group_oom_kill(&v2, Some(false)).expect("v2 group"));
+        assert!(!group_oom_kill(&v2, Some(true)).expect("v2 single"));
     }
 }

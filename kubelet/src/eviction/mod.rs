@@ -103,6 +103,9 @@ impl Trigger {
 /// What the eviction manager works with.
 #[derive(Debug, Clone)]
 pub struct Collaborators {
+    /// Removes dead containers before pods are evicted for disk (node-level
+    /// reclaim, first).
+    pub containers: crate::container_gc::Reclaim,
     /// Frees disk before pods are evicted for it (node-level reclaim).
     pub images: Arc<crate::image_gc::ImageGc>,
     /// Reads the node's signals and the pods' usage.
@@ -415,12 +418,24 @@ impl EvictionManager {
         self.evict_one(&threshold, quantity, available).await
     }
 
-    /// Upstream's `reclaimNodeLevelResources`: for a disk signal, unused
-    /// images go first; true when that was enough (no threshold met any more,
-    /// minimum reclaim included), so no pod is evicted.
+    /// Upstream's `reclaimNodeLevelResources`: for a disk signal, dead
+    /// containers and then unused images go first; true when that was enough
+    /// (no threshold met any more, minimum reclaim included), so no pod is
+    /// evicted.
     async fn reclaim_node_level(&self, state: &decide::State, signal: Signal) -> bool {
         if !signal.is_disk() {
             return false;
+        }
+        match self.c.containers.collect().await {
+            Some(removed) => tracing::info!(
+                signal = signal.as_str(),
+                removed,
+                "eviction manager: deleted unused containers"
+            ),
+            None => tracing::info!(
+                signal = signal.as_str(),
+                "eviction manager: unexpected error when attempting to reduce resource pressure: the container garbage collector is gone"
+            ),
         }
         match self.c.images.delete_unused().await {
             Ok(freed) => tracing::info!(

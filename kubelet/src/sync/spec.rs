@@ -39,6 +39,9 @@ pub struct NodeContext {
     pub pod_logs_dir: Option<PathBuf>,
     /// Where the log links for log shippers go (upstream's `/var/log/containers`).
     pub container_log_links: Option<PathBuf>,
+    /// An OOM kill takes the container's every process (`memory.oom.group`):
+    /// upstream's default on pure cgroup v2 unless `singleProcessOOMKill`.
+    pub oom_group_kill: bool,
 }
 
 /// The pod's cgroup (cgroupfs driver): `<pods>/pod<uid>` for Guaranteed,
@@ -242,6 +245,11 @@ pub fn linux_resources(
         cpu_shares: shares,
         memory_limit_in_bytes: limit_mem.unwrap_or(0),
         oom_score_adj,
+        unified: if node.oom_group_kill {
+            [("memory.oom.group".to_owned(), "1".to_owned())].into()
+        } else {
+            HashMap::new()
+        },
         ..Default::default()
     }
 }
@@ -463,6 +471,22 @@ mod tests {
             &big.spec.as_ref().expect("spec").containers[0],
         );
         assert_eq!(r.cpu_shares, 262_144);
+    }
+
+    #[test]
+    fn a_group_oom_kill_is_asked_for_only_where_the_node_uses_it() {
+        let p = pod("{limits: {memory: 64Mi}}");
+        let c = &p.spec.as_ref().expect("spec").containers[0];
+        assert!(linux_resources(&node(), &p, c).unified.is_empty());
+        let v2 = NodeContext {
+            oom_group_kill: true,
+            ..node()
+        };
+        let unified = linux_resources(&v2, &p, c).unified;
+        assert_eq!(
+            unified.into_iter().collect::<Vec<_>>(),
+            [("memory.oom.group".to_owned(), "1".to_owned())]
+        );
     }
 
     #[test]

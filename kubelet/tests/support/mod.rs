@@ -154,6 +154,7 @@ impl World {
             },
             pod_pids_limit: -1,
             cgroup_layout: None,
+            single_process_oom_kill: None,
         }
     }
 
