@@ -13,6 +13,7 @@ mod apt;
 mod bench;
 mod containerd;
 mod fuzz;
+mod guest;
 mod image;
 mod node;
 mod paths;

@@ -28,6 +28,74 @@ const START_ATTEMPTS: u32 = 3;
 /// How long `down` waits after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The bridge of a node of `version`.
+fn bridge(version: Version) -> String {
+    format!("evlet{}", version.tag())
+}
+
+/// The configuration of a node's containerd whose directory is `dir` (also
+/// the agent guest's, see `guest`).
+pub fn containerd_config(dir: &Path) -> String {
+    let d = dir.display();
+    // Version 2 config: 1.6 and 1.7 read it natively, 2.x migrates it on load.
+    format!(
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{d}/containerd.sock"
+
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  # This VM refuses negative oom_score_adj; without this sandboxes fail to start.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{d}/cni/net.d"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+"#,
+        pause = image::PAUSE_IMAGE,
+    )
+}
+
+/// The CNI network of a node of `version` whose directory is `dir`: its own
+/// bridge and subnet, `host-local` addresses kept under `dir`.
+pub fn cni_config(version: Version, dir: &Path) -> serde_json::Value {
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": format!("evlet-{}", version.tag()),
+        "plugins": [{
+            "type": "bridge",
+            "bridge": bridge(version),
+            "isGateway": true,
+            "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{ "subnet": format!("10.2{}.0.0/16", version.tag()) }]],
+                "routes": [{ "dst": "0.0.0.0/0" }],
+                "dataDir": format!("{}/cni/ipam", dir.display()),
+            },
+        }, { "type": "loopback" }],
+    })
+}
+
 /// A private node of one containerd version.
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -65,11 +133,7 @@ impl Node {
     }
 
     fn bridge(&self) -> String {
-        format!("evlet{}", self.version.tag())
-    }
-
-    fn subnet(&self) -> String {
-        format!("10.2{}.0.0/16", self.version.tag())
+        bridge(self.version)
     }
 
     fn pid_file(&self) -> PathBuf {
@@ -184,66 +248,13 @@ impl Node {
     }
 
     fn write_config(&self) -> Result<()> {
-        let d = self.dir.display();
         for sub in ["root", "state", "cni/net.d", "cni/ipam", "log"] {
             fs::create_dir_all(self.dir.join(sub))?;
         }
-        // Version 2 config: 1.6 and 1.7 read it natively, 2.x migrates it on load.
-        let config = format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-
-[grpc]
-  address = "{d}/containerd.sock"
-
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  # This VM refuses negative oom_score_adj; without this sandboxes fail to start.
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{d}/cni/net.d"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-"#,
-            pause = image::PAUSE_IMAGE,
-        );
-        fs::write(self.config(), config)?;
-        let cni = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": format!("evlet-{}", self.version.tag()),
-            "plugins": [{
-                "type": "bridge",
-                "bridge": self.bridge(),
-                "isGateway": true,
-                "ipMasq": false,
-                "hairpinMode": true,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{ "subnet": self.subnet() }]],
-                    "routes": [{ "dst": "0.0.0.0/0" }],
-                    "dataDir": format!("{d}/cni/ipam"),
-                },
-            }, { "type": "loopback" }],
-        });
+        fs::write(self.config(), containerd_config(&self.dir))?;
         fs::write(
             self.dir.join("cni/net.d/10-evlet.conflist"),
-            serde_json::to_vec_pretty(&cni)?,
+            serde_json::to_vec_pretty(&cni_config(self.version, &self.dir))?,
         )?;
         Ok(())
     }

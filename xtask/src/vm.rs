@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use crate::apt::{self, PrivateApt};
-use crate::{paths, sh};
+use crate::{guest, paths, sh};
 
 /// One kernel line of the matrix.
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +67,22 @@ pub struct Options {
     /// Wall-clock limit per kernel, in seconds.
     #[arg(long, default_value_t = 420)]
     pub timeout: u64,
+    /// Kernel lines the agent guest boots (containerd, runc and the node
+    /// suites on pure cgroup v2): the oldest and the newest, as in CI.
+    #[arg(long, value_delimiter = ',', default_values = ["5.10", "sid"])]
+    pub agent_kernels: Vec<String>,
+    /// Every kernel line, for the probe tests and the agent guest alike.
+    #[arg(long)]
+    pub all: bool,
+    /// Skip the agent guest.
+    #[arg(long)]
+    pub no_agent: bool,
+    /// Skip the probe tests (boot the agent guest only).
+    #[arg(long)]
+    pub no_probes: bool,
+    /// Wall-clock limit per agent guest, in seconds.
+    #[arg(long, default_value_t = 900)]
+    pub agent_timeout: u64,
 }
 
 /// Compares version-like strings numerically chunk by chunk (`6.12.9` < `6.12.10`).
@@ -97,8 +113,18 @@ fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     a.len().cmp(&b.len())
 }
 
-/// Returns the cached `vmlinuz` of the newest kernel of `line`, fetching it if needed.
-fn kernel(apt: &PrivateApt, line: Line) -> Result<(String, PathBuf)> {
+/// A kernel of the matrix, cached under `.tools/kernels/<package>`.
+struct Kernel {
+    line: Line,
+    package: String,
+    vmlinuz: PathBuf,
+    /// The guest's modules (`<name>.ko` and `order`, see [`guest::MODULES`]).
+    modules: PathBuf,
+}
+
+/// Returns the cached `vmlinuz` and modules of the newest kernel of `line`,
+/// fetching them if needed.
+fn kernel(apt: &PrivateApt, line: Line) -> Result<Kernel> {
     let mut candidates = apt.search(line.pattern)?;
     candidates.retain(|c| !KNOWN_BAD.contains(&c.as_str()));
     candidates.sort_by(|a, b| natural_cmp(a, b));
@@ -110,8 +136,15 @@ fn kernel(apt: &PrivateApt, line: Line) -> Result<(String, PathBuf)> {
     })?;
     let dir = paths::tools().join("kernels").join(&package);
     let vmlinuz = dir.join("vmlinuz");
-    if vmlinuz.is_file() {
-        return Ok((package, vmlinuz));
+    let modules = dir.join("modules");
+    let kernel = Kernel {
+        line,
+        package: package.clone(),
+        vmlinuz: vmlinuz.clone(),
+        modules: modules.clone(),
+    };
+    if vmlinuz.is_file() && modules.join("order").is_file() {
+        return Ok(kernel);
     }
     eprintln!("vm-test: fetching {package}");
     let deb = apt.download(&package)?;
@@ -119,9 +152,55 @@ fn kernel(apt: &PrivateApt, line: Line) -> Result<(String, PathBuf)> {
     apt::extract(&deb, &unpacked)?;
     let image = find_vmlinuz(&unpacked).with_context(|| format!("{package} holds no vmlinuz"))?;
     fs::copy(&image, &vmlinuz)?;
+    let mut debs = vec![deb];
+    if !has_modules(&unpacked) {
+        // Newer packaging puts the modules in a package of their own.
+        let release = release(&unpacked)
+            .with_context(|| format!("{package}: no lib/modules/<release> directory"))?;
+        let modules_deb = apt.download(&format!("linux-modules-{release}"))?;
+        apt::extract(&modules_deb, &unpacked.join("modules-package"))?;
+        debs.push(modules_deb);
+    }
+    let _ = fs::remove_dir_all(&modules);
+    guest::collect_modules(&unpacked, &modules)
+        .with_context(|| format!("the guest's modules of {package}"))?;
     fs::remove_dir_all(&unpacked)?;
-    fs::remove_file(&deb)?;
-    Ok((package, vmlinuz))
+    for deb in debs {
+        fs::remove_file(&deb)?;
+    }
+    Ok(kernel)
+}
+
+/// True if an unpacked kernel package holds loadable modules.
+fn has_modules(root: &Path) -> bool {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+        {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if entry.file_name().to_string_lossy().contains(".ko") {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// The kernel release of an unpacked kernel package: the directory under
+/// `lib/modules` or `usr/lib/modules`.
+fn release(root: &Path) -> Option<String> {
+    ["lib/modules", "usr/lib/modules"].iter().find_map(|m| {
+        fs::read_dir(root.join(m))
+            .ok()?
+            .filter_map(|e| e.ok())
+            .find(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+    })
 }
 
 fn find_vmlinuz(root: &Path) -> Option<PathBuf> {
@@ -158,18 +237,10 @@ fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
         "-C target-feature=+crt-static",
     ))
     .context("building static kernel test binaries")?;
-    let mut binaries = Vec::new();
-    for line in out.lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if msg["reason"] == "compiler-artifact"
-            && msg["profile"]["test"] == true
-            && let Some(exe) = msg["executable"].as_str()
-        {
-            binaries.push(PathBuf::from(exe));
-        }
-    }
+    let mut binaries: Vec<PathBuf> = test_executables(&out)
+        .into_iter()
+        .map(|(_, exe)| exe)
+        .collect();
     if binaries.is_empty() {
         bail!("cargo built no kernel test binaries");
     }
@@ -183,21 +254,36 @@ fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
     Ok(binaries)
 }
 
+/// The test executables (target name, path) of `cargo test --no-run
+/// --message-format=json`'s output.
+pub fn test_executables(cargo_json: &str) -> Vec<(String, PathBuf)> {
+    cargo_json
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|msg| msg["reason"] == "compiler-artifact" && msg["profile"]["test"] == true)
+        .filter_map(|msg| {
+            let exe = msg["executable"].as_str()?;
+            let name = msg["target"]["name"].as_str()?;
+            Some((name.to_owned(), PathBuf::from(exe)))
+        })
+        .collect()
+}
+
 /// A gzip'd newc cpio archive, written entry by entry.
-struct Cpio {
+pub struct Cpio {
     out: flate2::write::GzEncoder<Vec<u8>>,
     ino: u32,
 }
 
 impl Cpio {
-    fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             out: flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()),
             ino: 1,
         }
     }
 
-    fn entry(&mut self, name: &str, mode: u32, data: &[u8]) -> Result<()> {
+    pub fn entry(&mut self, name: &str, mode: u32, data: &[u8]) -> Result<()> {
         self.ino += 1;
         let header = format!(
             "070701{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
@@ -230,7 +316,7 @@ impl Cpio {
         Ok(())
     }
 
-    fn finish(mut self) -> Result<Vec<u8>> {
+    pub fn finish(mut self) -> Result<Vec<u8>> {
         self.entry("TRAILER!!!", 0, &[])?;
         Ok(self.out.finish()?)
     }
@@ -312,7 +398,17 @@ const PANICS: [&str; 3] = [
     "watchdog: BUG: soft lockup",
 ];
 
-fn boot(label: &str, vmlinuz: &Path, initrd: &Path, limit: Duration, log: &Path) -> Result<Boot> {
+/// The probe tests' guest memory (the agent guest's is [`guest::MEMORY`]).
+const PROBES_MEMORY: &str = "1024M";
+
+fn boot(
+    label: &str,
+    memory: &str,
+    vmlinuz: &Path,
+    initrd: &Path,
+    limit: Duration,
+    log: &Path,
+) -> Result<Boot> {
     let started = Instant::now();
     let mut child = Command::new("qemu-system-x86_64")
         .args([
@@ -321,7 +417,7 @@ fn boot(label: &str, vmlinuz: &Path, initrd: &Path, limit: Duration, log: &Path)
             "-cpu",
             "max",
             "-m",
-            "1024M",
+            memory,
             "-smp",
             "2",
             "-nographic",
@@ -359,6 +455,8 @@ fn boot(label: &str, vmlinuz: &Path, initrd: &Path, limit: Duration, log: &Path)
     let mut results = Vec::new();
     let mut success = None;
     let mut problem = None;
+    // The PLEG mode of the agent guest's current suite, prefixed to its tests.
+    let mut mode = String::new();
     let deadline = started + limit;
     loop {
         let now = Instant::now();
@@ -373,12 +471,17 @@ fn boot(label: &str, vmlinuz: &Path, initrd: &Path, limit: Duration, log: &Path)
                 if let Some(rest) = line.strip_prefix("test ")
                     && let Some((name, verdict)) = rest.rsplit_once(" ... ")
                 {
-                    results.push((name.to_owned(), verdict == "ok"));
+                    results.push((format!("{mode}{name}"), verdict == "ok"));
                 } else if let Some(rest) = line.strip_prefix(SENTINEL) {
                     match rest {
                         "success" => success = Some(true),
                         "failure" => success = Some(false),
-                        _ => eprintln!("vm-test {label}: {line}"),
+                        _ => {
+                            if let Some(m) = rest.strip_prefix("mode ") {
+                                mode = format!("[{m}] ");
+                            }
+                            eprintln!("vm-test {label}: {line}");
+                        }
                     }
                 } else if PANICS.iter().any(|p| line.contains(p)) {
                     problem = Some(format!("kernel problem: {line}"));
@@ -453,10 +556,76 @@ fn print_matrix(boots: &[Boot]) {
     println!();
 }
 
-/// Runs the matrix; fails if any kernel fails, times out, or panics.
-pub fn vm_test(options: &Options, kernel_tests: &[String]) -> Result<()> {
-    let lines: Vec<Line> = options
-        .kernels
+/// Boots `initrd` on `k`, once more if the kernel died before any test ran;
+/// says how it went.
+fn boot_one(
+    what: &str,
+    memory: &str,
+    k: &Kernel,
+    initrd: &Path,
+    limit: Duration,
+    work: &Path,
+) -> Result<Boot> {
+    let label = k.line.label;
+    eprintln!("vm-test: booting {} ({what})", k.package);
+    let log = work.join(format!("{what}-{label}.log"));
+    let mut b = boot(label, memory, &k.vmlinuz, initrd, limit, &log)?;
+    if !b.success && b.results.is_empty() {
+        // The kernel died before any test ran: that is the emulator or the
+        // boot, not the code under test. Show why, then boot once more.
+        eprintln!(
+            "vm-test: {label} ({what}) died before any test ran ({}); log tail:\n{}\nvm-test: booting {} again",
+            b.problem.as_deref().unwrap_or("no verdict"),
+            tail(&log, 25),
+            k.package
+        );
+        b = boot(label, memory, &k.vmlinuz, initrd, limit, &log)?;
+        b.retried = true;
+    }
+    eprintln!(
+        "vm-test: {label} ({what}) {} in {:.0?}{} (log {})",
+        if b.success { "passed" } else { "FAILED" },
+        b.elapsed,
+        b.problem
+            .as_deref()
+            .map(|p| format!(": {p}"))
+            .unwrap_or_default(),
+        log.display()
+    );
+    if !b.success {
+        eprintln!("vm-test: {label} ({what}) log tail:\n{}", tail(&log, 60));
+    }
+    Ok(b)
+}
+
+/// Boots each kernel, one after the other: two guests at once on this
+/// machine kind's two cores take as long as both in turn, and their tests'
+/// time bounds fail.
+fn boot_each(
+    what: &str,
+    memory: &str,
+    kernels: &[&Kernel],
+    initrd: impl Fn(&Kernel) -> Result<PathBuf>,
+    limit: Duration,
+    work: &Path,
+) -> Result<Vec<Boot>> {
+    kernels
+        .iter()
+        .map(|k| boot_one(what, memory, k, &initrd(k)?, limit, work))
+        .collect()
+}
+
+/// The kernels of `boots` that failed, as `<kernel> (<what>)`.
+fn failures(boots: &[Boot], what: &str) -> Vec<String> {
+    boots
+        .iter()
+        .filter(|b| !b.success)
+        .map(|b| format!("{} ({what})", b.label))
+        .collect()
+}
+
+fn lines_of(labels: &[String]) -> Result<Vec<Line>> {
+    labels
         .iter()
         .map(|k| {
             LINES
@@ -465,57 +634,88 @@ pub fn vm_test(options: &Options, kernel_tests: &[String]) -> Result<()> {
                 .find(|l| l.label == k)
                 .with_context(|| format!("unknown kernel line {k:?}: use 5.10, 6.1, 6.12 or sid"))
         })
-        .collect::<Result<_>>()?;
+        .collect()
+}
+
+/// Runs the matrix: the probe tests on `--kernels`, then the agent guest on
+/// `--agent-kernels` (every kernel with `--all`); fails if any kernel fails,
+/// times out, or panics.
+pub fn vm_test(options: &Options, kernel_tests: &[String]) -> Result<()> {
+    let all: Vec<String> = LINES.iter().map(|l| l.label.to_owned()).collect();
+    let probe_lines = if options.no_probes {
+        Vec::new()
+    } else {
+        lines_of(if options.all { &all } else { &options.kernels })?
+    };
+    let agent_lines = if options.no_agent {
+        Vec::new()
+    } else {
+        lines_of(if options.all {
+            &all
+        } else {
+            &options.agent_kernels
+        })?
+    };
     let apt = PrivateApt::open()?;
-    let kernels: Vec<(Line, String, PathBuf)> = lines
-        .iter()
-        .map(|l| kernel(&apt, *l).map(|(p, v)| (*l, p, v)))
-        .collect::<Result<_>>()?;
-    let binaries = build_tests(kernel_tests)?;
+    let mut kernels: Vec<Kernel> = Vec::new();
+    for line in probe_lines.iter().chain(&agent_lines) {
+        if !kernels.iter().any(|k| k.line.label == line.label) {
+            kernels.push(kernel(&apt, *line)?);
+        }
+    }
+    let pick = |lines: &[Line]| -> Vec<&Kernel> {
+        lines
+            .iter()
+            .filter_map(|l| kernels.iter().find(|k| k.line.label == l.label))
+            .collect()
+    };
     let work = paths::repo().join("target/vm-test");
     fs::create_dir_all(&work)?;
-    let initrd = work.join("initramfs.cpio.gz");
-    initramfs(&binaries, &initrd)?;
-    let mut boots = Vec::new();
-    for (line, package, vmlinuz) in &kernels {
-        eprintln!("vm-test: booting {package}");
-        let log = work.join(format!("{}.log", line.label));
+    let mut failed = Vec::new();
+    if !probe_lines.is_empty() {
+        let binaries = build_tests(kernel_tests)?;
+        let initrd = work.join("initramfs.cpio.gz");
+        initramfs(&binaries, &initrd)?;
         let limit = Duration::from_secs(options.timeout);
-        let mut b = boot(line.label, vmlinuz, &initrd, limit, &log)?;
-        if !b.success && b.results.is_empty() {
-            // The kernel died before any test ran: that is the emulator or the
-            // boot, not the probes. Show why, then boot once more.
-            eprintln!(
-                "vm-test: {} died before any test ran ({}); log tail:\n{}\nvm-test: booting {package} again",
-                line.label,
-                b.problem.as_deref().unwrap_or("no verdict"),
-                tail(&log, 25)
-            );
-            b = boot(line.label, vmlinuz, &initrd, limit, &log)?;
-            b.retried = true;
-        }
-        eprintln!(
-            "vm-test: {} {} in {:.0?}{} (log {})",
-            line.label,
-            if b.success { "passed" } else { "FAILED" },
-            b.elapsed,
-            b.problem
-                .as_deref()
-                .map(|p| format!(": {p}"))
-                .unwrap_or_default(),
-            log.display()
-        );
-        if !b.success {
-            eprintln!("vm-test: {} log tail:\n{}", line.label, tail(&log, 40));
-        }
-        boots.push(b);
+        let boots = boot_each(
+            "probes",
+            PROBES_MEMORY,
+            &pick(&probe_lines),
+            |_| Ok(initrd.clone()),
+            limit,
+            &work,
+        )?;
+        println!("probe tests:");
+        print_matrix(&boots);
+        failed.extend(failures(&boots, "probes"));
     }
-    print_matrix(&boots);
-    let failed: Vec<&str> = boots
-        .iter()
-        .filter(|b| !b.success)
-        .map(|b| b.label.as_str())
-        .collect();
+    if !agent_lines.is_empty() {
+        let guest_work = work.join("guest");
+        fs::create_dir_all(&guest_work)?;
+        let common = fs::read(guest::common_archive(&guest_work)?)?;
+        let initrd = |k: &Kernel| -> Result<PathBuf> {
+            let modules = guest_work.join(format!("modules-{}.cpio.gz", k.line.label));
+            guest::modules_archive(&k.modules, &modules)?;
+            // Two gzip'd archives back to back: the kernel unpacks both.
+            let mut bytes = common.clone();
+            bytes.extend(fs::read(&modules)?);
+            let dest = guest_work.join(format!("initramfs-{}.cpio.gz", k.line.label));
+            fs::write(&dest, bytes)?;
+            Ok(dest)
+        };
+        let limit = Duration::from_secs(options.agent_timeout);
+        let boots = boot_each(
+            "agent",
+            guest::MEMORY,
+            &pick(&agent_lines),
+            initrd,
+            limit,
+            &work,
+        )?;
+        println!("agent guest (containerd 2.1, pure cgroup v2):");
+        print_matrix(&boots);
+        failed.extend(failures(&boots, "agent"));
+    }
     if !failed.is_empty() {
         bail!("vm-test failed on kernel(s) {}", failed.join(", "));
     }
