@@ -234,6 +234,15 @@ impl State {
             .collect()
     }
 
+    /// Whether a `memory.available` threshold was met at the last pass.
+    pub fn memory_met(&self, s: &Settings) -> bool {
+        self.met.iter().any(|i| {
+            s.thresholds
+                .get(*i)
+                .is_some_and(|t| t.signal == Signal::MemoryAvailable)
+        })
+    }
+
     /// How long until a soft threshold in its grace is due (None: none waits).
     pub fn next_due(&self, s: &Settings, now: Instant) -> Option<Duration> {
         self.first_met
@@ -308,8 +317,13 @@ mod tests {
         // Above 100Mi but below 100Mi + 50Mi minimum reclaim: still met.
         let e = st.evaluate(&s, &obs(120, 50), t0 + Duration::from_secs(2));
         assert!(e.act_on.is_some());
+        assert!(st.memory_met(&s));
         let e = st.evaluate(&s, &obs(160, 50), t0 + Duration::from_secs(3));
         assert!(e.act_on.is_none());
+        assert!(!st.memory_met(&s));
+        // Disk alone is not memory.
+        st.evaluate(&s, &obs(160, 5), t0 + Duration::from_secs(4));
+        assert!(!st.memory_met(&s));
         // The condition stays for the transition period, then goes.
         assert!(e.pressure.memory);
         let e = st.evaluate(&s, &obs(160, 50), t0 + Duration::from_secs(40));

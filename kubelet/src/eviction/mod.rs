@@ -230,6 +230,17 @@ impl EvictionManager {
             .collect()
     }
 
+    /// Whether the root memory cgroup's usage is already past one of `points`.
+    fn passed(&self, points: &[u64]) -> bool {
+        let Some(root) = &self.memcg_v1_root else {
+            return false;
+        };
+        std::fs::read_to_string(root.join("memory.usage_in_bytes"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .is_some_and(|usage| points.iter().any(|p| usage > *p))
+    }
+
     /// Arms one kernel usage threshold at each of `points`.
     fn arm_memcg(&self, points: &[u64]) -> Vec<notify::MemcgThreshold> {
         let Some(root) = &self.memcg_v1_root else {
@@ -276,8 +287,15 @@ impl EvictionManager {
                 .map_or(self.settings.monitoring, |d| {
                     d.min(self.settings.monitoring)
                 });
+            let memory_met = state.memory_met(&self.settings);
             let Some(t) = self
-                .wait(Instant::now() + period, kernel, psi.as_ref(), &shutdown)
+                .wait(
+                    Instant::now() + period,
+                    kernel,
+                    memory_met,
+                    psi.as_ref(),
+                    &shutdown,
+                )
                 .await
             else {
                 return;
@@ -290,10 +308,18 @@ impl EvictionManager {
     /// or a PSI event. The thresholds are re-armed every [`REARM`] when their
     /// crossing point moved (inactive file pages come and go), so the kernel's
     /// point stays where `memory.available` crosses. None: shutting down.
+    ///
+    /// The kernel signals crossings only: usage that went past a point
+    /// between its computation and its arming (a pass that read the node just
+    /// before the crossing, then armed after it) would never be signalled.
+    /// So each arming is followed by a reading, and a point already passed
+    /// wakes a pass at once, unless the last pass (`memory_met`) already saw
+    /// the threshold met and did what it could.
     async fn wait(
         &self,
         until: Instant,
         kernel: bool,
+        memory_met: bool,
         psi: Option<&notify::PsiTrigger>,
         shutdown: &CancellationToken,
     ) -> Option<Trigger> {
@@ -330,6 +356,9 @@ impl EvictionManager {
                         memcg_thresholds: memcg.len(),
                         psi: psi.is_some(),
                     });
+                    if !memory_met && !memcg.is_empty() && self.passed(&points) {
+                        return Some(Trigger::Memcg);
+                    }
                 }
             }
             let crossed = async {
