@@ -86,8 +86,41 @@ pub fn pod_requests(pod: &Pod) -> (i64, i64) {
     pod_totals(pod, List::Requests)
 }
 
+/// A pod's `spec.overhead` (millicores, bytes): what its RuntimeClass costs
+/// beyond its containers, set by the API server's admission from the class.
+pub fn overhead(pod: &Pod) -> (i64, i64) {
+    let overhead = pod.spec.as_ref().and_then(|s| s.overhead.as_ref());
+    let of = |name: &str, parse: fn(&str) -> Result<i64, quantity::InvalidQuantity>| {
+        overhead
+            .and_then(|o| o.get(name))
+            .and_then(|q| parse(&q.0).ok())
+            .unwrap_or(0)
+    };
+    (
+        of("cpu", quantity::parse_milli),
+        of("memory", quantity::parse),
+    )
+}
+
+/// A pod's requests or limits with its [`overhead`] (upstream's
+/// `PodRequests` / `PodLimits` with the overhead included): requests carry
+/// the whole overhead, limits only where the pod has a limit (upstream adds
+/// it "to non-zero limits").
+pub fn pod_totals_with_overhead(pod: &Pod, list: List) -> (i64, i64) {
+    let (cpu, mem) = pod_totals(pod, list);
+    let (oc, om) = overhead(pod);
+    let add = |v: i64, o: i64| {
+        if list == List::Requests || v != 0 {
+            v.saturating_add(o)
+        } else {
+            v
+        }
+    };
+    (add(cpu, oc), add(mem, om))
+}
+
 /// A pod's requests or limits (millicores, bytes) as [`pod_requests`] counts
-/// them (upstream's `PodRequests` / `PodLimits`).
+/// them (upstream's `PodRequests` / `PodLimits`, overhead excluded).
 pub fn pod_totals(pod: &Pod, list: List) -> (i64, i64) {
     pod_sum(pod, |c| {
         let (cpu, mem) = values(c, list);

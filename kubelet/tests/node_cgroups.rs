@@ -172,15 +172,15 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                 "capacity stays"
             );
 
-            api.create(
-                "pods",
-                "default",
-                api_pod(
-                    &w,
-                    "guaranteed",
-                    json!({"limits": {"cpu": "200m", "memory": "64Mi"}}),
-                ),
+            // With a RuntimeClass's overhead (the API server copies it into
+            // the spec): it adds to the pod cgroup's requests and limits.
+            let mut guaranteed = api_pod(
+                &w,
+                "guaranteed",
+                json!({"limits": {"cpu": "200m", "memory": "64Mi"}}),
             );
+            guaranteed["spec"]["overhead"] = json!({"cpu": "50m", "memory": "32Mi"});
+            api.create("pods", "default", guaranteed);
             api.create(
                 "pods",
                 "default",
@@ -204,9 +204,9 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                     .await;
             }
             let g = format!("{kubepods}/pod{}", uid("guaranteed"));
-            assert_eq!(cg.shares(&g), cg.expect_shares(204));
-            assert_eq!(cg.quota(&g), "20000 100000");
-            assert_eq!(cg.memory(&g), (64 << 20).to_string());
+            assert_eq!(cg.shares(&g), cg.expect_shares(256));
+            assert_eq!(cg.quota(&g), "25000 100000");
+            assert_eq!(cg.memory(&g), (96 << 20).to_string());
             assert_eq!(cg.read("pids", &g, "pids.max"), "512");
             let b = format!("{kubepods}/burstable/pod{}", uid("burstable"));
             assert_eq!(cg.shares(&b), cg.expect_shares(102));

@@ -7,8 +7,6 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::resources::pod_requests;
-
 /// What the node can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocatable {
@@ -64,18 +62,7 @@ impl Usage {
 /// The pod's requests plus its `spec.overhead` (set from its RuntimeClass by
 /// the API server), as upstream's resource fit counts them.
 fn requests(pod: &Pod) -> (i64, i64) {
-    let (cpu, mem) = pod_requests(pod);
-    let overhead = pod.spec.as_ref().and_then(|s| s.overhead.as_ref());
-    let of = |name: &str, parse: fn(&str) -> Result<i64, crate::quantity::InvalidQuantity>| {
-        overhead
-            .and_then(|o| o.get(name))
-            .and_then(|q| parse(&q.0).ok())
-            .unwrap_or(0)
-    };
-    (
-        cpu.saturating_add(of("cpu", crate::quantity::parse_milli)),
-        mem.saturating_add(of("memory", crate::quantity::parse)),
-    )
+    crate::resources::pod_totals_with_overhead(pod, crate::resources::List::Requests)
 }
 
 /// Can evlet run `pod` as upstream would? A pod for another OS is rejected
@@ -408,6 +395,6 @@ mod tests {
             }
         }))
         .expect("pod");
-        assert_eq!(pod_requests(&p).0, 1500);
+        assert_eq!(crate::resources::pod_requests(&p).0, 1500);
     }
 }

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::resources::{self, List, Qos, pod_totals};
+use crate::resources::{self, List, Qos, pod_totals_with_overhead};
 
 /// The kernel's smallest `cpu.shares` (upstream's `MinShares`).
 pub const MIN_SHARES: u64 = 2;
@@ -58,9 +58,11 @@ pub fn shares_to_weight(shares: u64) -> u64 {
 /// enforced): Guaranteed pods get shares, quota and memory; Burstable ones
 /// shares, and quota or memory only when every container declares that limit;
 /// BestEffort ones the minimum shares. `pod_pids_limit` > 0 limits every pod.
+/// The pod's `spec.overhead` counts as upstream counts it: in the requests
+/// (shares), and in the limits the pod has (quota, memory).
 pub fn for_pod(pod: &Pod, pod_pids_limit: i64) -> Limits {
-    let (req_cpu, _) = pod_totals(pod, List::Requests);
-    let (lim_cpu, lim_mem) = pod_totals(pod, List::Limits);
+    let (req_cpu, _) = pod_totals_with_overhead(pod, List::Requests);
+    let (lim_cpu, lim_mem) = pod_totals_with_overhead(pod, List::Limits);
     let containers: Vec<&Container> = pod
         .spec
         .iter()
@@ -102,13 +104,14 @@ pub fn for_pod(pod: &Pod, pod_pids_limit: i64) -> Limits {
     }
 }
 
-/// The `burstable` QoS cgroup's shares: the Burstable pods' CPU requests
-/// (upstream's QoS manager); `besteffort` always has [`MIN_SHARES`].
+/// The `burstable` QoS cgroup's shares: the Burstable pods' CPU requests,
+/// overhead included (upstream's QoS manager); `besteffort` always has
+/// [`MIN_SHARES`].
 pub fn burstable_shares<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> u64 {
     let milli = pods
         .into_iter()
         .filter(|p| resources::qos(p) == Qos::Burstable)
-        .map(|p| pod_totals(p, List::Requests).0)
+        .map(|p| pod_totals_with_overhead(p, List::Requests).0)
         .fold(0_i64, i64::saturating_add);
     milli_to_shares(milli)
 }
@@ -221,6 +224,33 @@ mod tests {
         assert_eq!(l.cpu_quota, Some(200_000));
         assert_eq!(l.memory, None, "b declares no memory limit");
         assert_eq!(l.pids, Some(1024));
+    }
+
+    #[test]
+    fn the_runtime_class_overhead_adds_to_requests_and_to_the_limits_the_pod_has() {
+        let overhead = "  overhead: {cpu: 250m, memory: 120Mi}\n";
+        let guaranteed = pod(&format!(
+            "{overhead}  containers:\n  - {{name: a, image: i, resources: {{limits: {{cpu: 500m, memory: 64Mi}}}}}}\n"
+        ));
+        assert_eq!(
+            for_pod(&guaranteed, 0),
+            Limits {
+                cpu_shares: Some(768),
+                cpu_quota: Some(75_000),
+                memory: Some(184 << 20),
+                pids: None,
+            }
+        );
+        // No memory limit: the overhead makes none; the CPU limit grows.
+        let burstable = pod(&format!(
+            "{overhead}  containers:\n  - {{name: a, image: i, resources: {{requests: {{cpu: 100m}}, limits: {{cpu: 500m}}}}}}\n"
+        ));
+        let l = for_pod(&burstable, 0);
+        assert_eq!(
+            (l.cpu_shares, l.cpu_quota, l.memory),
+            (Some(358), Some(75_000), None)
+        );
+        assert_eq!(burstable_shares([&burstable]), 358);
     }
 
     #[test]
