@@ -155,6 +155,18 @@ impl RuntimeClient {
         rpc!(self.runtime.status(req), self.read("Status", None)).await
     }
 
+    /// `RuntimeConfig`: the runtime's own configuration the kubelet must
+    /// match (its cgroup driver). Runtimes before it (containerd 1.6) answer
+    /// `Unimplemented`.
+    pub async fn runtime_config(&self) -> Result<api::RuntimeConfigResponse, Error> {
+        let req = api::RuntimeConfigRequest {};
+        rpc!(
+            self.runtime.runtime_config(req),
+            self.read("RuntimeConfig", None)
+        )
+        .await
+    }
+
     /// `RunPodSandbox`: creates and starts a sandbox.
     pub async fn run_pod_sandbox(
         &self,

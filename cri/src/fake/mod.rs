@@ -191,6 +191,12 @@ impl FakeRuntime {
         lock(&self.shared.state).reported_exit_code = code;
     }
 
+    /// Makes `RuntimeConfig` report the systemd cgroup driver (`true`) or
+    /// cgroupfs, as containerd does from its runc options.
+    pub fn set_systemd_cgroup(&self, systemd: bool) {
+        lock(&self.shared.state).systemd_cgroup = systemd;
+    }
+
     /// The container processes that died since the last call, as the kernel
     /// sees them: at once, before the runtime shows the exits.
     pub fn take_deaths(&self) -> Vec<state::ProcessExit> {

@@ -437,9 +437,14 @@ impl RuntimeService for FakeRuntime {
         req: Request<api::RuntimeConfigRequest>,
     ) -> Reply<api::RuntimeConfigResponse> {
         self.serve("RuntimeConfig", req, |_| {
+            let driver = if lock(&self.shared.state).systemd_cgroup {
+                api::CgroupDriver::Systemd
+            } else {
+                api::CgroupDriver::Cgroupfs
+            };
             Ok(api::RuntimeConfigResponse {
                 linux: Some(api::LinuxRuntimeConfiguration {
-                    cgroup_driver: api::CgroupDriver::Cgroupfs as i32,
+                    cgroup_driver: driver as i32,
                 }),
             })
         })

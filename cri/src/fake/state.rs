@@ -98,6 +98,9 @@ pub struct State {
     /// The runtime reports this exit code for every exit instead of the real
     /// one (containerd 2.x reports 255 for a task that died while it restarted).
     pub reported_exit_code: Option<i32>,
+    /// `RuntimeConfig` reports the systemd cgroup driver (containerd's
+    /// `SystemdCgroup = true`); else cgroupfs.
+    pub systemd_cgroup: bool,
     next_id: u64,
 }
 
