@@ -123,7 +123,7 @@ pub async fn measure(
     let node = Arc::new(NodeContext {
         node_name: NODE.into(),
         root_dir: root.to_path_buf(),
-        pods_cgroup: format!("{}/kubepods", cgroup_root.trim_end_matches('/')),
+        cgroups: evlet::cm::Names::new(evlet::cm::Driver::Cgroupfs, cgroup_root),
         host_ip: None,
         memory_capacity: 1 << 30,
         ..Default::default()

@@ -77,6 +77,11 @@ pub enum StartError {
     /// `singleProcessOOMKill: false` on cgroup v1.
     #[error(transparent)]
     GroupOomKill(#[from] crate::cm::GroupOomKillOnV1),
+    /// `cgroupDriver: systemd` on a host without pure cgroup v2.
+    #[error(
+        "cgroupDriver: systemd needs pure cgroup v2 (this host's cgroups are v1 or hybrid); use cgroupDriver: cgroupfs here"
+    )]
+    SystemdOnV1,
 }
 
 /// A running agent's handles, for tests and the binary.
@@ -140,6 +145,7 @@ pub async fn start(
         .with_label_values(&[&config.node_name])
         .set(1);
     let (client, runtime_version) = connect_runtime(&config, &metrics).await?;
+    config.cgroup_driver = runtime_cgroup_driver(&config, &client).await?;
     let (events_tx, events_rx) = match &config.api {
         Some(_) => {
             let (tx, rx) = mpsc::channel(api::events::QUEUE);
@@ -201,7 +207,8 @@ pub async fn start(
         &metrics,
         readers.as_ref(),
         recursive_read_only,
-    )?;
+    )
+    .await?;
     let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let prober = Prober::new(
         client.clone(),
@@ -350,6 +357,53 @@ pub async fn start(
 }
 
 /// Connects to the runtime and asks its version (`containerd://1.7.24`).
+/// The cgroup driver: the runtime's own when it says (`RuntimeConfig`, as
+/// upstream's `KubeletCgroupDriverFromCRI` asks it: a kubelet that disagreed
+/// with its runtime would name every pod cgroup differently), else the
+/// configured one (runtimes without the call, containerd 1.6).
+async fn runtime_cgroup_driver(
+    config: &Config,
+    client: &RuntimeClient,
+) -> Result<crate::cm::Driver, StartError> {
+    use crate::cm::Driver;
+    use evlet_cri::api::CgroupDriver;
+    let answer = match client.runtime_config().await {
+        Ok(answer) => answer,
+        Err(e) if e.kind == evlet_cri::ErrorKind::Unsupported => {
+            tracing::info!(
+                cgroup_driver = config.cgroup_driver.as_str(),
+                "the runtime does not support RuntimeConfig; using cgroupDriver from the configuration"
+            );
+            return Ok(config.cgroup_driver);
+        }
+        Err(source) => {
+            return Err(StartError::Runtime {
+                endpoint: config.runtime_endpoint.clone(),
+                source,
+            });
+        }
+    };
+    let Some(linux) = answer.linux else {
+        return Ok(config.cgroup_driver);
+    };
+    let driver = match linux.cgroup_driver() {
+        CgroupDriver::Systemd => Driver::Systemd,
+        CgroupDriver::Cgroupfs => Driver::Cgroupfs,
+    };
+    if driver != config.cgroup_driver {
+        tracing::warn!(
+            configured = config.cgroup_driver.as_str(),
+            runtime = driver.as_str(),
+            "cgroupDriver differs from the runtime's; using the runtime's"
+        );
+    }
+    tracing::info!(
+        cgroup_driver = driver.as_str(),
+        "using cgroup driver setting received from the CRI runtime"
+    );
+    Ok(driver)
+}
+
 async fn connect_runtime(
     config: &Config,
     metrics: &Arc<Metrics>,
@@ -512,34 +566,36 @@ async fn start_hint_source(
                 generic
             }
         },
-        PlegMode::Ebpf => match EbpfSource::load(&pods_cgroup(config), config.ebpf_ring_bytes) {
-            Ok(source) => {
-                let source = Arc::new(source);
-                let hints = Arc::new(Hints::default());
-                source.start(
-                    Arc::clone(&hints),
-                    Arc::clone(metrics),
-                    cache.clone(),
-                    Arc::clone(diagnostics),
-                    shutdown.child_token(),
-                );
-                tracing::info!(hooks = %source.describe(), "PLEG mode ebpf: kernel events as hints, safety relist every {:?}", config.ebpf_relist_period);
-                (PlegMode::Ebpf, Some(hints), Some(source))
+        PlegMode::Ebpf => {
+            match EbpfSource::load(&cgroup_names(config).pods(), config.ebpf_ring_bytes) {
+                Ok(source) => {
+                    let source = Arc::new(source);
+                    let hints = Arc::new(Hints::default());
+                    source.start(
+                        Arc::clone(&hints),
+                        Arc::clone(metrics),
+                        cache.clone(),
+                        Arc::clone(diagnostics),
+                        shutdown.child_token(),
+                    );
+                    tracing::info!(hooks = %source.describe(), "PLEG mode ebpf: kernel events as hints, safety relist every {:?}", config.ebpf_relist_period);
+                    (PlegMode::Ebpf, Some(hints), Some(source))
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        "PLEG mode ebpf is unavailable ({err}); running generic (relist every {:?})",
+                        config.relist_period
+                    );
+                    generic
+                }
             }
-            Err(err) => {
-                tracing::warn!(
-                    "PLEG mode ebpf is unavailable ({err}); running generic (relist every {:?})",
-                    config.relist_period
-                );
-                generic
-            }
-        },
+        }
     }
 }
 
-/// The pods' cgroup parent (cgroupfs driver).
-fn pods_cgroup(config: &Config) -> String {
-    format!("{}/kubepods", config.cgroup_root.trim_end_matches('/'))
+/// The pods' cgroup names under `cgroupRoot`, as the cgroup driver spells them.
+fn cgroup_names(config: &Config) -> crate::cm::Names {
+    crate::cm::Names::new(config.cgroup_driver, &config.cgroup_root)
 }
 
 /// What API-server mode reads for pods: watched objects and tokens.
@@ -552,7 +608,7 @@ struct ApiReaders {
 
 /// The syncer, reading env objects and volumes' objects from the API server in
 /// API-server mode.
-fn build_syncer(
+async fn build_syncer(
     config: &Config,
     client: RuntimeClient,
     machine: &Machine,
@@ -567,20 +623,35 @@ fn build_syncer(
         .clone()
         .unwrap_or_else(crate::cm::Layout::detect);
     let oom_group_kill = crate::cm::group_oom_kill(&layout, config.single_process_oom_kill)?;
+    // The systemd driver makes the tree through systemd (pure v2 only).
+    let systemd = match (config.cgroup_driver, &layout) {
+        (crate::cm::Driver::Cgroupfs, _) | (_, crate::cm::Layout::Off) => None,
+        (crate::cm::Driver::Systemd, crate::cm::Layout::V1 { .. }) => {
+            return Err(StartError::SystemdOnV1);
+        }
+        (crate::cm::Driver::Systemd, crate::cm::Layout::V2(_)) => Some(
+            crate::cm::systemd::Systemd::connect()
+                .await
+                .map_err(crate::cm::CgroupError::from)?,
+        ),
+    };
     let cgroups = Arc::new(crate::cm::CgroupManager::new(
         layout,
-        &pods_cgroup(config),
+        cgroup_names(config),
+        systemd,
         config.pod_pids_limit,
     ));
-    cgroups.ensure_node(
-        &config
-            .reservations
-            .pods_cgroup(crate::cm::allocatable::Resources::of(machine)),
-    )?;
+    cgroups
+        .ensure_node(
+            &config
+                .reservations
+                .pods_cgroup(crate::cm::allocatable::Resources::of(machine)),
+        )
+        .await?;
     let node = NodeContext {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
-        pods_cgroup: pods_cgroup(config),
+        cgroups: cgroup_names(config),
         host_ip: config.node_ip.clone(),
         pod_logs_dir: config.pods.pod_logs_dir.clone(),
         container_log_links: config.pods.container_log_links.clone(),
@@ -708,7 +779,7 @@ async fn start_server(
                 .clone()
                 .unwrap_or_else(|| config.root_dir.join("logs/pods")),
             config.node_name.clone(),
-            &pods_cgroup(config),
+            cgroup_names(config),
         )),
     });
     let address =
@@ -724,6 +795,7 @@ fn configz(config: &Config) -> serde_json::Value {
         "staticPodURL": config.manifest_url,
         "containerRuntimeEndpoint": config.runtime_endpoint,
         "cgroupRoot": config.cgroup_root,
+        "cgroupDriver": config.cgroup_driver.as_str(),
         "fileCheckFrequency": secs(config.file_check_frequency),
         "httpCheckFrequency": secs(config.http_check_frequency),
         "syncFrequency": secs(config.sync_frequency),

@@ -56,6 +56,9 @@ pub struct Config {
     pub runtime_endpoint: String,
     /// Root of the agent's cgroups; pods go under `<cgroupRoot>/kubepods`.
     pub cgroup_root: String,
+    /// `cgroupDriver`: how cgroups are named and made (cgroupfs or systemd;
+    /// the runtime must be configured alike, containerd's `SystemdCgroup`).
+    pub cgroup_driver: crate::cm::Driver,
     /// Address of the local HTTP endpoint (`/healthz`, `/pods`, `/metrics`).
     pub address: SocketAddr,
     /// Manifest directory rescan period (upstream `fileCheckFrequency`, 20 s).
@@ -283,6 +286,8 @@ pub struct KubeletConfiguration {
     pub container_runtime_endpoint: Option<String>,
     /// `--cgroup-root`.
     pub cgroup_root: Option<String>,
+    /// `cgroupDriver`: `cgroupfs` or `systemd`.
+    pub cgroup_driver: Option<String>,
     /// HTTP bind address.
     pub address: Option<String>,
     /// HTTP port (upstream's read-only port).
@@ -799,17 +804,6 @@ impl KubeletConfiguration {
                 }
             }
         }
-        // Accepted and ignored, a systemd driver would leave the runtime
-        // (`SystemdCgroup = true`) and evlet disagreeing on every pod cgroup.
-        if let Some(driver) = value
-            .get("cgroupDriver")
-            .filter(|d| d.as_str() != Some("cgroupfs"))
-        {
-            return Err(invalid(format!(
-                "cgroupDriver: Unsupported value {}: evlet speaks the cgroupfs driver only; the systemd driver is not implemented",
-                serde_json::to_string(driver).unwrap_or_default()
-            )));
-        }
         let cfg: Self = serde_yaml::from_value(value).map_err(|e| invalid(e.to_string()))?;
         if let Some(v) = cfg
             .api_version
@@ -1077,16 +1071,10 @@ const HARMLESS_FLAGS: &[(&str, bool, &str)] = &[
 
 /// Upstream kubelet flags that, ignored, would make evlet less safe or run
 /// pods differently than asked: refused, with the reason.
-const REFUSED_FLAGS: &[(&str, &str)] = &[
-    (
-        "cgroup-driver",
-        "evlet speaks the cgroupfs driver only; the systemd driver is not implemented",
-    ),
-    (
-        "feature-gates",
-        "evlet has no feature gates; each feature is on or refused",
-    ),
-];
+const REFUSED_FLAGS: &[(&str, &str)] = &[(
+    "feature-gates",
+    "evlet has no feature gates; each feature is on or refused",
+)];
 
 /// Parses upstream's map flags: `a<1,b<2` (`sep` `<`: the eviction
 /// thresholds) or `a=1,b=2`.
@@ -1243,9 +1231,9 @@ mod tests {
         assert_eq!(kept, ["evlet", "--root-dir", "/r"]);
         assert_eq!(warnings.len(), 3);
         assert!(warnings[1].starts_with("flag --fail-swap-on is accepted and ignored"));
-        let err = compat_args(vec!["evlet".into(), "--cgroup-driver=systemd".into()])
+        let err = compat_args(vec!["evlet".into(), "--feature-gates=A=true".into()])
             .expect_err("refused");
-        assert!(err.starts_with("flag --cgroup-driver is refused"), "{err}");
+        assert!(err.starts_with("flag --feature-gates is refused"), "{err}");
     }
 
     #[test]
@@ -1351,18 +1339,14 @@ mod tests {
     }
 
     #[test]
-    fn only_the_cgroupfs_driver_is_accepted_in_the_file() {
+    fn both_cgroup_drivers_are_read_from_the_file() {
         let ok = "kind: KubeletConfiguration\ncgroupDriver: cgroupfs\nsyncFrequency: 30s\n";
         let cfg = KubeletConfiguration::parse(ok, Path::new("c.yaml")).expect("valid");
         assert_eq!(cfg.sync_frequency.as_deref(), Some("30s"));
+        assert_eq!(cfg.cgroup_driver.as_deref(), Some("cgroupfs"));
         let text = "kind: KubeletConfiguration\ncgroupDriver: systemd\n";
-        let err = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect_err("refused");
-        assert!(
-            err.to_string().contains(
-                "cgroupDriver: Unsupported value \"systemd\": evlet speaks the cgroupfs driver only"
-            ),
-            "{err}"
-        );
+        let cfg = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect("valid");
+        assert_eq!(cfg.cgroup_driver.as_deref(), Some("systemd"));
     }
 
     #[test]

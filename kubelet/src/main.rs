@@ -91,6 +91,9 @@ struct Flags {
     /// Root cgroup of the agent's pods (cgroupfs path).
     #[arg(long)]
     cgroup_root: Option<String>,
+    /// The cgroup driver: cgroupfs or systemd (as the runtime's).
+    #[arg(long)]
+    cgroup_driver: Option<String>,
     /// HTTP address of /healthz, /pods, /metrics.
     #[arg(long)]
     address: Option<SocketAddr>,
@@ -305,6 +308,14 @@ fn effective(flags: Flags) -> Result<Config> {
                 .context("address/readOnlyPort in the config file")?
         }
     };
+    let cgroup_driver = evlet::cm::Driver::parse(
+        flags
+            .cgroup_driver
+            .as_deref()
+            .or(file.cgroup_driver.as_deref())
+            .unwrap_or("cgroupfs"),
+    )
+    .map_err(anyhow::Error::msg)?;
     Ok(Config {
         node_name: config::node_name(flags.hostname_override.as_deref()),
         root_dir: flags.root_dir,
@@ -318,6 +329,7 @@ fn effective(flags: Flags) -> Result<Config> {
             .cgroup_root
             .or(file.cgroup_root)
             .unwrap_or_else(|| "/".into()),
+        cgroup_driver,
         address,
         file_check_frequency: duration(
             file.file_check_frequency.as_ref(),

@@ -281,9 +281,9 @@ pub struct StatsProvider {
     /// The root of the cgroup v1 memory controller (None on cgroup v2): the
     /// node's memory is read there, as upstream's cAdvisor does.
     memcg_v1_root: Option<PathBuf>,
-    /// `<pids hierarchy>` and the pods' cgroup (`<cgroup-root>/kubepods`):
-    /// where a pod's `pids.current` is read.
-    pids: Option<(PathBuf, String)>,
+    /// `<pids hierarchy>` and the pods' cgroup names: where a pod's
+    /// `pids.current` is read.
+    pids: Option<(PathBuf, crate::cm::Names)>,
 }
 
 /// `ProcessStats`.
@@ -305,17 +305,17 @@ fn val(v: Option<&api::UInt64Value>) -> Option<u64> {
 
 impl StatsProvider {
     /// A provider reading `runtime`, `root_dir` (volumes), `pod_logs_dir` and
-    /// the pods' cgroups under `pods_cgroup` (processes).
+    /// the pods' cgroups `cgroups` names (processes).
     pub fn new(
         runtime: RuntimeClient,
         root_dir: PathBuf,
         pod_logs_dir: PathBuf,
         node_name: String,
-        pods_cgroup: &str,
+        cgroups: crate::cm::Names,
     ) -> Self {
         let pids = crate::cgroups::v1_controller_root("pids")
             .or_else(crate::cgroups::v2_root)
-            .map(|root| (root, pods_cgroup.to_owned()));
+            .map(|root| (root, cgroups));
         Self {
             runtime,
             root_dir,
@@ -331,7 +331,7 @@ impl StatsProvider {
     /// The processes in `pod`'s cgroup (`pids.current`).
     fn process_count(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Option<u64> {
         let (root, pods) = self.pids.as_ref()?;
-        let cgroup = crate::cm::pod_cgroup(pods, pod);
+        let cgroup = pods.pod(pod);
         let path = root
             .join(cgroup.trim_start_matches('/'))
             .join("pids.current");

@@ -161,7 +161,7 @@ impl SyncLoop {
                         self.workers.update(pod, UpdateKind::Sync);
                     }
                 }
-                _ = housekeeping.tick() => self.housekeeping(),
+                _ = housekeeping.tick() => self.housekeeping().await,
                 _ = gc.tick() => {
                     self.container_gc();
                 }
@@ -462,12 +462,12 @@ impl SyncLoop {
 
     /// Orphans: pods the runtime has that no source wants and no worker owns.
     /// Only once every source has reported (`sourcesReady`), like upstream.
-    fn housekeeping(&mut self) {
+    async fn housekeeping(&mut self) {
         self.syncer.gc();
         // The burstable tier's CPU shares follow its desired pods' requests:
         // summed again only after the pods changed, written only when the sum did.
         if self.qos_stale {
-            match self.syncer.cgroups().update_qos(self.pods.values()) {
+            match self.syncer.cgroups().update_qos(self.pods.values()).await {
                 Ok(()) => self.qos_stale = false,
                 Err(e) => tracing::warn!(error = %e, "cannot update the QoS cgroups"),
             }

@@ -42,6 +42,7 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
         manifest_url: None,
         runtime_endpoint: server.endpoint(),
         cgroup_root: "/evlet-fake-agent".into(),
+        cgroup_driver: evlet::cm::Driver::Cgroupfs,
         address: "127.0.0.1:0".parse().expect("address"),
         file_check_frequency: Duration::from_millis(200),
         http_check_frequency: Duration::from_millis(200),
@@ -363,4 +364,34 @@ async fn a_container_reclaim_removes_the_dead_containers_at_once() {
     .await;
     assert_eq!(removed, Some(1));
     assert!(containers().await.is_empty(), "removed before the answer");
+}
+
+/// The cgroup driver comes from the runtime when it says (`RuntimeConfig`,
+/// upstream's `KubeletCgroupDriverFromCRI`), whatever the configuration says:
+/// a runtime with `SystemdCgroup = true` makes the agent speak systemd, which
+/// it refuses on this (v1-shaped) layout; without the call (containerd 1.6)
+/// the configuration's stands.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cgroup_driver_is_the_runtimes() {
+    let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
+    server.runtime().set_systemd_cgroup(true);
+    let root = tempfile::tempdir().expect("root");
+    let manifests = tempfile::tempdir().expect("manifests");
+    let err = agent::start(config(&server, &root, &manifests), CancellationToken::new())
+        .await
+        .map(|_| ())
+        .expect_err("systemd on v1 is refused");
+    assert!(
+        err.to_string()
+            .starts_with("cgroupDriver: systemd needs pure cgroup v2"),
+        "{err}"
+    );
+    // A runtime without RuntimeConfig: the configured cgroupfs.
+    server.runtime().inject(
+        "RuntimeConfig",
+        evlet_cri::fake::Fault::Error(tonic::Code::Unimplemented, "unknown method".into()),
+        None,
+    );
+    let agent = start(server, |_| {}).await;
+    assert_eq!(agent.handles.served.configz["cgroupDriver"], "cgroupfs");
 }

@@ -104,6 +104,28 @@ impl Cgroups {
     }
 }
 
+/// The path of upstream's cgroup name `parts` under the cgroup root `root`,
+/// as the node's driver spells it: cgroupfs joins the parts with `/`; systemd
+/// nests one slice per prefix, named by the parts so far joined with `-` (a
+/// `-` inside a part becomes `_`): `kubepods-burstable-pod<uid>.slice`.
+fn cgroup_path(root: &str, parts: &[&str]) -> String {
+    let all: Vec<String> = root
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .chain(parts.iter().copied())
+        .map(str::to_owned)
+        .collect();
+    match support::cgroup_driver() {
+        evlet::cm::Driver::Cgroupfs => format!("/{}", all.join("/")),
+        evlet::cm::Driver::Systemd => (1..=all.len())
+            .map(|n| {
+                let name: Vec<String> = all[..n].iter().map(|p| p.replace('-', "_")).collect();
+                format!("/{}.slice", name.join("-"))
+            })
+            .collect(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
     e2e(
@@ -128,7 +150,9 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                 enforce_pods: true,
             };
             config.pod_pids_limit = 512;
-            let kubepods = format!("{}/kubepods", config.cgroup_root);
+            let root = config.cgroup_root.clone();
+            let path = |parts: &[&str]| cgroup_path(&root, parts);
+            let kubepods = path(&["kubepods"]);
             let cg = Cgroups::detect();
             let agent = w.start_with(config).await;
             let machine = evlet::machine::Machine::read(w.root.path());
@@ -146,7 +170,7 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                 cg.expect_shares((cpus * 1000 - 100) * 1024 / 1000)
             );
             assert_eq!(
-                cg.shares(&format!("{kubepods}/besteffort")),
+                cg.shares(&path(&["kubepods", "besteffort"])),
                 cg.expect_shares(2)
             );
 
@@ -203,21 +227,26 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                     })
                     .await;
             }
-            let g = format!("{kubepods}/pod{}", uid("guaranteed"));
+            let g = path(&["kubepods", &format!("pod{}", uid("guaranteed"))]);
             assert_eq!(cg.shares(&g), cg.expect_shares(256));
             assert_eq!(cg.quota(&g), "25000 100000");
             assert_eq!(cg.memory(&g), (96 << 20).to_string());
             assert_eq!(cg.read("pids", &g, "pids.max"), "512");
-            let b = format!("{kubepods}/burstable/pod{}", uid("burstable"));
+            let b = path(&["kubepods", "burstable", &format!("pod{}", uid("burstable"))]);
             assert_eq!(cg.shares(&b), cg.expect_shares(102));
             assert_eq!(cg.quota(&b), cg.expect_no_quota(), "no CPU limit declared");
             assert_eq!(cg.memory(&b), (128 << 20).to_string());
-            let e = format!("{kubepods}/besteffort/pod{}", uid("besteffort"));
+            let e = path(&[
+                "kubepods",
+                "besteffort",
+                &format!("pod{}", uid("besteffort")),
+            ]);
             assert_eq!(cg.shares(&e), cg.expect_shares(2));
             assert_eq!(cg.read("pids", &e, "pids.max"), "512");
             // The burstable tier follows its pods' requests (housekeeping, 2 s).
             eventually(Duration::from_secs(10), "burstable tier shares", || async {
-                (cg.shares(&format!("{kubepods}/burstable")) == cg.expect_shares(102)).then_some(())
+                (cg.shares(&path(&["kubepods", "burstable"])) == cg.expect_shares(102))
+                    .then_some(())
             })
             .await;
             // The container runs inside its pod's cgroup.

@@ -290,7 +290,7 @@ async fn the_stats_summary_names_running_containers_the_status_does_not_show() {
         root.path().to_path_buf(),
         root.path().join("logs"),
         "n".into(),
-        "/evlet-fake/kubepods",
+        evlet::cm::Names::new(evlet::cm::Driver::Cgroupfs, "/evlet-fake"),
     );
     let summary = stats.summary(&[view], true).await.expect("summary");
     let pod = summary

@@ -1,7 +1,7 @@
-//! The pods' cgroup tree (cgroupfs driver), as upstream's container manager
-//! keeps it: `<cgroup-root>/kubepods` limited to node allocatable, the QoS
-//! tiers `kubepods/burstable` and `kubepods/besteffort`, and one cgroup per
-//! pod (`kubepods/pod<uid>` for Guaranteed, under its tier otherwise) with the
+//! The pods' cgroup tree, as upstream's container manager keeps it:
+//! `<cgroup-root>/kubepods` limited to node allocatable, the QoS tiers
+//! `kubepods/burstable` and `kubepods/besteffort`, and one cgroup per pod
+//! (`kubepods/pod<uid>` for Guaranteed, under its tier otherwise) with the
 //! limits its spec asks for, made before its sandbox. The runtime creates the
 //! containers' cgroups below them.
 //!
@@ -9,13 +9,18 @@
 //!   and the hard eviction thresholds.
 //! * [`limits`] (pure): the limits of the pods' cgroup, of each pod and of the
 //!   burstable tier, and the v1 and v2 files that carry them.
+//! * [`systemd`]: the systemd driver's slice names (pure) and its D-Bus client.
 //!
-//! On cgroup v1 (and hybrid hosts, as these machines) the limits go to the
-//! `cpu`, `memory` and `pids` hierarchies; on pure v2 the controllers are
-//! enabled down the tree (`cgroup.subtree_control`) and the v2 files written.
+//! With the cgroupfs driver evlet makes the directories and writes the files:
+//! on cgroup v1 (and hybrid hosts, as these machines) to the `cpu`, `memory`
+//! and `pids` hierarchies; on pure v2 the controllers are enabled down the
+//! tree (`cgroup.subtree_control`) and the v2 files written. With the systemd
+//! driver (pure v2 only) systemd makes each cgroup as a slice unit with the
+//! limits as its properties.
 
 pub mod allocatable;
 pub mod limits;
+pub mod systemd;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -25,16 +30,103 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::resources::Qos;
 pub use limits::Limits;
 
-/// The cgroup of `pod` under the pods' cgroup `pods`: `<pods>/pod<uid>` for
-/// Guaranteed, `<pods>/burstable/pod<uid>` and `<pods>/besteffort/pod<uid>`
-/// otherwise.
-pub fn pod_cgroup(pods: &str, pod: &Pod) -> String {
-    let base = pods.trim_end_matches('/');
-    let uid = crate::pod::uid(pod);
-    match crate::resources::qos(pod) {
-        Qos::Guaranteed => format!("{base}/pod{uid}"),
-        Qos::Burstable => format!("{base}/burstable/pod{uid}"),
-        Qos::BestEffort => format!("{base}/besteffort/pod{uid}"),
+/// How cgroups are named and made (`cgroupDriver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Driver {
+    /// Directories in the cgroup filesystems, made by evlet.
+    #[default]
+    Cgroupfs,
+    /// Slice units, made by systemd over D-Bus.
+    Systemd,
+}
+
+impl Driver {
+    /// The configuration's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cgroupfs => "cgroupfs",
+            Self::Systemd => "systemd",
+        }
+    }
+
+    /// Parses `cgroupDriver`.
+    ///
+    /// # Errors
+    /// Upstream's message for any other value.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "cgroupfs" => Ok(Self::Cgroupfs),
+            "systemd" => Ok(Self::Systemd),
+            other => Err(format!(
+                "cgroupDriver: Unsupported value {other:?}: supported values: \"cgroupfs\", \"systemd\""
+            )),
+        }
+    }
+}
+
+/// The paths of the pods' cgroups under a driver (pure): upstream's cgroup
+/// names (`cgroupRoot`'s parts, then `kubepods`, the QoS tier, `pod<uid>`) as
+/// the driver spells them. Each path is relative to a hierarchy's root and is
+/// also what the runtime gets as `cgroup_parent`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Names {
+    driver: Driver,
+    /// `cgroupRoot`'s parts (a cgroupfs path, as upstream reads it).
+    root: Vec<String>,
+}
+
+impl Names {
+    /// The names under `cgroup_root` (a cgroupfs path such as `/`).
+    pub fn new(driver: Driver, cgroup_root: &str) -> Self {
+        Self {
+            driver,
+            root: cgroup_root
+                .split('/')
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> Driver {
+        self.driver
+    }
+
+    fn path(&self, parts: &[&str]) -> String {
+        let all: Vec<&str> = self
+            .root
+            .iter()
+            .map(String::as_str)
+            .chain(parts.iter().copied())
+            .collect();
+        match self.driver {
+            Driver::Cgroupfs => format!("/{}", all.join("/")),
+            Driver::Systemd => systemd::slice_path(&all),
+        }
+    }
+
+    /// The pods' cgroup (`/kubepods`, `/kubepods.slice`).
+    pub fn pods(&self) -> String {
+        self.path(&["kubepods"])
+    }
+
+    /// A QoS tier's cgroup (`/kubepods/burstable`,
+    /// `/kubepods.slice/kubepods-burstable.slice`).
+    pub fn tier(&self, tier: &str) -> String {
+        self.path(&["kubepods", tier])
+    }
+
+    /// The cgroup of `pod`: `kubepods/pod<uid>` for Guaranteed,
+    /// `kubepods/burstable/pod<uid>` and `kubepods/besteffort/pod<uid>`
+    /// otherwise, as the driver spells them.
+    pub fn pod(&self, pod: &Pod) -> String {
+        let leaf = format!("pod{}", crate::pod::uid(pod));
+        match crate::resources::qos(pod) {
+            Qos::Guaranteed => self.path(&["kubepods", &leaf]),
+            Qos::Burstable => self.path(&["kubepods", "burstable", &leaf]),
+            Qos::BestEffort => self.path(&["kubepods", "besteffort", &leaf]),
+        }
     }
 }
 
@@ -95,20 +187,33 @@ pub fn group_oom_kill(
 
 /// Why a cgroup could not be made or limited.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}: {source}")]
-pub struct CgroupError {
-    /// The directory or file.
-    pub path: PathBuf,
-    /// What the kernel said.
-    pub source: std::io::Error,
+pub enum CgroupError {
+    /// A directory or file of the cgroup filesystem (cgroupfs driver).
+    #[error("{path}: {source}")]
+    Io {
+        /// The directory or file.
+        path: PathBuf,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// systemd refused or failed (systemd driver).
+    #[error(transparent)]
+    Systemd(Box<systemd::SystemdError>),
+}
+
+impl From<systemd::SystemdError> for CgroupError {
+    fn from(e: systemd::SystemdError) -> Self {
+        Self::Systemd(Box::new(e))
+    }
 }
 
 /// Keeps the pods' cgroup tree.
 #[derive(Debug)]
 pub struct CgroupManager {
     layout: Layout,
-    /// `<cgroup-root>/kubepods`, as the runtime's `cgroup_parent` names it.
-    pods: String,
+    names: Names,
+    /// The systemd driver's connection (None: cgroupfs).
+    systemd: Option<systemd::Systemd>,
     /// `podPidsLimit` (≤ 0: none).
     pod_pids_limit: i64,
     /// The burstable tier's shares last written.
@@ -116,11 +221,18 @@ pub struct CgroupManager {
 }
 
 impl CgroupManager {
-    /// A manager of the tree under `pods_cgroup` in `layout`.
-    pub fn new(layout: Layout, pods_cgroup: &str, pod_pids_limit: i64) -> Self {
+    /// A manager of the tree `names` spells in `layout`; `systemd` makes the
+    /// cgroups when given (the systemd driver), else evlet does.
+    pub fn new(
+        layout: Layout,
+        names: Names,
+        systemd: Option<systemd::Systemd>,
+        pod_pids_limit: i64,
+    ) -> Self {
         Self {
             layout,
-            pods: pods_cgroup.trim_end_matches('/').to_owned(),
+            names,
+            systemd,
             pod_pids_limit,
             burstable: Mutex::new(None),
         }
@@ -128,75 +240,94 @@ impl CgroupManager {
 
     /// A manager that writes nothing.
     pub fn off() -> Self {
-        Self::new(Layout::Off, "/", 0)
+        Self::new(Layout::Off, Names::default(), None, 0)
     }
 
-    /// The pods' cgroup path (`<cgroup-root>/kubepods`).
-    pub fn pods_cgroup(&self) -> &str {
-        &self.pods
+    /// The names of the pods' cgroups.
+    pub fn names(&self) -> &Names {
+        &self.names
     }
 
     /// Makes `kubepods` with `limits` and its QoS tiers (besteffort with the
     /// minimum shares).
     ///
     /// # Errors
-    /// The directory or file that could not be made or written.
-    pub fn ensure_node(&self, limits: &Limits) -> Result<(), CgroupError> {
-        self.ensure(&self.pods, limits)?;
+    /// The cgroup that could not be made or limited.
+    pub async fn ensure_node(&self, limits: &Limits) -> Result<(), CgroupError> {
+        self.ensure(&self.names.pods(), limits).await?;
         self.ensure(
-            &format!("{}/besteffort", self.pods),
+            &self.names.tier("besteffort"),
             &Limits {
                 cpu_shares: Some(limits::MIN_SHARES),
                 ..Limits::default()
             },
-        )?;
-        self.ensure(&format!("{}/burstable", self.pods), &Limits::default())
-    }
-
-    /// The pod's cgroup (`kubepods/burstable/pod<uid>`, ...), as its sandbox's
-    /// `cgroup_parent`.
-    pub fn pod_cgroup(&self, pod: &Pod) -> String {
-        pod_cgroup(&self.pods, pod)
+        )
+        .await?;
+        self.ensure(&self.names.tier("burstable"), &Limits::default())
+            .await
     }
 
     /// Makes the pod's cgroup with the limits its spec asks for.
     ///
     /// # Errors
-    /// The directory or file that could not be made or written.
-    pub fn ensure_pod(&self, pod: &Pod) -> Result<(), CgroupError> {
+    /// The cgroup that could not be made or limited.
+    pub async fn ensure_pod(&self, pod: &Pod) -> Result<(), CgroupError> {
         self.ensure(
-            &self.pod_cgroup(pod),
+            &self.names.pod(pod),
             &limits::for_pod(pod, self.pod_pids_limit),
         )
+        .await
+    }
+
+    /// Removes the pod's cgroup (the runtime removed the containers' below).
+    /// Best effort: a cgroup still busy is logged and left.
+    pub async fn remove_pod(&self, pod: &Pod) {
+        let path = self.names.pod(pod);
+        match (&self.layout, &self.systemd) {
+            (Layout::Off, _) => {}
+            (_, Some(systemd)) => {
+                if let Err(e) = systemd.stop(&path).await {
+                    tracing::warn!(cgroup = %path, error = %e, "cannot remove the pod's cgroup");
+                }
+            }
+            (_, None) => crate::cgroups::remove(&path),
+        }
     }
 
     /// Sets the burstable tier's shares from the active pods' requests, when
     /// they changed.
     ///
     /// # Errors
-    /// The file that could not be written.
-    pub fn update_qos<'a>(
+    /// The cgroup that could not be limited.
+    pub async fn update_qos<'a>(
         &self,
         pods: impl IntoIterator<Item = &'a Pod>,
     ) -> Result<(), CgroupError> {
         let shares = limits::burstable_shares(pods);
-        let mut last = crate::lock::lock(&self.burstable);
-        if *last == Some(shares) {
+        if *crate::lock::lock(&self.burstable) == Some(shares) {
             return Ok(());
         }
         self.ensure(
-            &format!("{}/burstable", self.pods),
+            &self.names.tier("burstable"),
             &Limits {
                 cpu_shares: Some(shares),
                 ..Limits::default()
             },
-        )?;
-        *last = Some(shares);
+        )
+        .await?;
+        *crate::lock::lock(&self.burstable) = Some(shares);
         Ok(())
     }
 
-    /// Makes `path` in every hierarchy and writes `limits`.
-    fn ensure(&self, path: &str, limits: &Limits) -> Result<(), CgroupError> {
+    /// Makes `path` and limits it: through systemd with that driver, else in
+    /// every hierarchy.
+    async fn ensure(&self, path: &str, limits: &Limits) -> Result<(), CgroupError> {
+        if matches!(self.layout, Layout::Off) {
+            return Ok(());
+        }
+        if let Some(systemd) = &self.systemd {
+            return Ok(systemd.ensure(path, limits).await?);
+        }
         let rel = path.trim_start_matches('/');
         match &self.layout {
             Layout::Off => Ok(()),
@@ -234,14 +365,14 @@ impl CgroupManager {
 }
 
 fn mkdir(dir: &Path) -> Result<(), CgroupError> {
-    std::fs::create_dir_all(dir).map_err(|source| CgroupError {
+    std::fs::create_dir_all(dir).map_err(|source| CgroupError::Io {
         path: dir.to_owned(),
         source,
     })
 }
 
 fn write(file: &Path, value: &str) -> Result<(), CgroupError> {
-    std::fs::write(file, value).map_err(|source| CgroupError {
+    std::fs::write(file, value).map_err(|source| CgroupError::Io {
         path: file.to_owned(),
         source,
     })
@@ -271,8 +402,8 @@ mod tests {
 
     /// A v1-shaped tree in a temporary directory (plain files stand in for
     /// the kernel's).
-    #[test]
-    fn the_tree_and_the_files_land_where_the_runtime_expects_them() {
+    #[tokio::test]
+    async fn the_tree_and_the_files_land_where_the_runtime_expects_them() {
         let dir = tempfile::tempdir().expect("tmp");
         let root = |c: &str| Some(dir.path().join(c));
         let m = CgroupManager::new(
@@ -281,7 +412,8 @@ mod tests {
                 memory: root("memory"),
                 pids: root("pids"),
             },
-            "/evlet/kubepods/",
+            Names::new(Driver::Cgroupfs, "/evlet/"),
+            None,
             100,
         );
         m.ensure_node(&Limits {
@@ -289,6 +421,7 @@ mod tests {
             memory: Some(1 << 30),
             ..Limits::default()
         })
+        .await
         .expect("node");
         let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).expect(p);
         assert_eq!(read("cpu/evlet/kubepods/cpu.shares"), "2048");
@@ -301,20 +434,20 @@ mod tests {
             "metadata: {name: p, uid: u1}\nspec:\n  containers:\n  - {name: a, image: i, resources: {requests: {cpu: 100m}, limits: {memory: 64Mi}}}\n",
         )
         .expect("pod");
-        assert_eq!(m.pod_cgroup(&pod), "/evlet/kubepods/burstable/podu1");
-        m.ensure_pod(&pod).expect("pod cgroup");
+        assert_eq!(m.names().pod(&pod), "/evlet/kubepods/burstable/podu1");
+        m.ensure_pod(&pod).await.expect("pod cgroup");
         assert_eq!(read("cpu/evlet/kubepods/burstable/podu1/cpu.shares"), "102");
         assert_eq!(
             read("memory/evlet/kubepods/burstable/podu1/memory.limit_in_bytes"),
             "67108864"
         );
         assert_eq!(read("pids/evlet/kubepods/burstable/podu1/pids.max"), "100");
-        m.update_qos([&pod]).expect("qos");
+        m.update_qos([&pod]).await.expect("qos");
         assert_eq!(read("cpu/evlet/kubepods/burstable/cpu.shares"), "102");
     }
 
-    #[test]
-    fn on_v2_the_controllers_are_enabled_down_the_tree() {
+    #[tokio::test]
+    async fn on_v2_the_controllers_are_enabled_down_the_tree() {
         let dir = tempfile::tempdir().expect("tmp");
         std::fs::write(
             dir.path().join("cgroup.controllers"),
@@ -322,17 +455,69 @@ mod tests {
         )
         .expect("w");
         std::fs::write(dir.path().join("cgroup.subtree_control"), "cpu").expect("w");
-        let m = CgroupManager::new(Layout::V2(dir.path().to_owned()), "/kubepods", 0);
+        let m = CgroupManager::new(
+            Layout::V2(dir.path().to_owned()),
+            Names::new(Driver::Cgroupfs, "/"),
+            None,
+            0,
+        );
         let pod: Pod = serde_yaml::from_str(
             "metadata: {name: p, uid: u2}\nspec:\n  containers:\n  - {name: a, image: i, resources: {limits: {cpu: 500m, memory: 64Mi}}}\n",
         )
         .expect("pod");
-        m.ensure_pod(&pod).expect("pod cgroup");
+        m.ensure_pod(&pod).await.expect("pod cgroup");
         let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).expect(p);
         assert_eq!(read("cgroup.subtree_control"), "+memory +pids");
         assert_eq!(read("kubepods/podu2/cpu.max"), "50000 100000");
         assert_eq!(read("kubepods/podu2/memory.max"), "67108864");
         assert_eq!(read("kubepods/podu2/cpu.weight"), "20");
+    }
+
+    #[test]
+    fn each_driver_spells_the_pods_cgroups_as_upstream() {
+        let pod = |qos: &str| -> Pod {
+            serde_yaml::from_str(&format!(
+                "metadata: {{name: p, uid: 12-ab}}\nspec:\n  containers:\n  - {{name: a, image: i{qos}}}\n"
+            ))
+            .expect("pod")
+        };
+        let guaranteed = pod(", resources: {limits: {cpu: '1', memory: 1Gi}}");
+        let burstable = pod(", resources: {requests: {cpu: '1'}}");
+        let best_effort = pod("");
+        let fs = Names::new(Driver::Cgroupfs, "/");
+        assert_eq!(fs.pods(), "/kubepods");
+        assert_eq!(fs.pod(&guaranteed), "/kubepods/pod12-ab");
+        assert_eq!(fs.pod(&burstable), "/kubepods/burstable/pod12-ab");
+        let sd = Names::new(Driver::Systemd, "/");
+        assert_eq!(sd.pods(), "/kubepods.slice");
+        assert_eq!(
+            sd.tier("besteffort"),
+            "/kubepods.slice/kubepods-besteffort.slice"
+        );
+        assert_eq!(
+            sd.pod(&guaranteed),
+            "/kubepods.slice/kubepods-pod12_ab.slice"
+        );
+        assert_eq!(
+            sd.pod(&burstable),
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_ab.slice"
+        );
+        assert_eq!(
+            sd.pod(&best_effort),
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_ab.slice"
+        );
+        // A cgroup root's parts lead every name.
+        let nested = Names::new(Driver::Systemd, "/evlet-node/w1");
+        assert_eq!(
+            nested.pods(),
+            "/evlet_node.slice/evlet_node-w1.slice/evlet_node-w1-kubepods.slice"
+        );
+        assert_eq!(
+            Names::new(Driver::Cgroupfs, "/evlet-node/w1/").pods(),
+            "/evlet-node/w1/kubepods"
+        );
+        assert_eq!(Driver::parse("systemd"), Ok(Driver::Systemd));
+        assert!(Driver::parse("Systemd").is_err());
     }
 
     #[test]

@@ -21,8 +21,8 @@ pub struct NodeContext {
     pub node_name: String,
     /// The agent's state directory (`--root-dir`).
     pub root_dir: PathBuf,
-    /// Parent of every pod cgroup (cgroupfs path, e.g. `/kubepods`).
-    pub pods_cgroup: String,
+    /// The pods' cgroup names (the driver's spelling under `cgroupRoot`).
+    pub cgroups: crate::cm::Names,
     /// The node's IP for `status.hostIP`.
     pub host_ip: Option<String>,
     /// Node memory capacity in bytes (for Burstable `oom_score_adj`).
@@ -44,10 +44,11 @@ pub struct NodeContext {
     pub oom_group_kill: bool,
 }
 
-/// The pod's cgroup (cgroupfs driver): `<pods>/pod<uid>` for Guaranteed,
-/// `<pods>/burstable/pod<uid>` and `<pods>/besteffort/pod<uid>` otherwise.
+/// The pod's cgroup, its sandbox's `cgroup_parent`: `kubepods/pod<uid>` for
+/// Guaranteed, `kubepods/burstable/pod<uid>` and `kubepods/besteffort/pod<uid>`
+/// otherwise, as the node's cgroup driver spells them.
 pub fn pod_cgroup(node: &NodeContext, pod: &Pod) -> String {
-    crate::cm::pod_cgroup(&node.pods_cgroup, pod)
+    node.cgroups.pod(pod)
 }
 
 /// `<root>/logs/pods/<namespace>_<name>_<uid>`, upstream's `/var/log/pods` layout.
@@ -412,7 +413,7 @@ mod tests {
         NodeContext {
             node_name: "n1".into(),
             root_dir: PathBuf::from("/var/lib/evlet"),
-            pods_cgroup: "/kubepods".into(),
+            cgroups: crate::cm::Names::new(crate::cm::Driver::Cgroupfs, "/"),
             host_ip: Some("192.0.2.1".into()),
             memory_capacity: 8 << 30,
             ..Default::default()

@@ -303,7 +303,7 @@ impl Syncer {
             };
             // The pod's cgroup with its spec's limits, before the runtime
             // puts the sandbox under it (upstream's `EnsureExists`).
-            if let Err(e) = self.cgroups.ensure_pod(pod) {
+            if let Err(e) = self.cgroups.ensure_pod(pod).await {
                 self.pod_event(
                     pod,
                     "Warning",

@@ -257,7 +257,7 @@ impl Syncer {
             .map_err(SyncError::TearDown)?;
         let logs = spec::log_dir(&self.node, pod);
         let _ = std::fs::remove_dir_all(logs);
-        crate::cgroups::remove(&spec::pod_cgroup(&self.node, pod));
+        self.cgroups().remove_pod(pod).await;
         self.forget(&pod::uid(pod));
         Ok(())
     }

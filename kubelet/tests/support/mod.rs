@@ -115,6 +115,16 @@ pub fn mode() -> PlegMode {
     }
 }
 
+/// The cgroup driver of the node under test: `EVLET_E2E_CGROUP_DRIVER`
+/// (`systemd` in `vm-test`'s systemd guest, whose containerd has
+/// `SystemdCgroup = true`), else cgroupfs.
+pub fn cgroup_driver() -> evlet::cm::Driver {
+    match std::env::var("EVLET_E2E_CGROUP_DRIVER") {
+        Ok(d) => evlet::cm::Driver::parse(&d).expect("EVLET_E2E_CGROUP_DRIVER"),
+        Err(_) => evlet::cm::Driver::Cgroupfs,
+    }
+}
+
 impl World {
     pub fn config(&self) -> Config {
         Config {
@@ -124,6 +134,7 @@ impl World {
             manifest_url: None,
             runtime_endpoint: self.node.endpoint.clone(),
             cgroup_root: format!("{}/{}", self.node.cgroup_root, self.name),
+            cgroup_driver: cgroup_driver(),
             address: "127.0.0.1:0".parse().expect("address"),
             file_check_frequency: Duration::from_secs(2),
             http_check_frequency: Duration::from_secs(20),
@@ -234,7 +245,22 @@ impl World {
                 let _ = self.client.remove_pod_sandbox(&id).await;
             }
         }
-        self.node.remove_cgroups(&self.name);
+        match cgroup_driver() {
+            evlet::cm::Driver::Cgroupfs => self.node.remove_cgroups(&self.name),
+            // systemd owns the slices: stopping the world's root slice
+            // removes it and every slice in it.
+            evlet::cm::Driver::Systemd => {
+                let root = format!("{}/{}", self.node.cgroup_root, self.name);
+                let parts: Vec<String> = root
+                    .split('/')
+                    .filter(|p| !p.is_empty())
+                    .map(|p| p.replace('-', "_"))
+                    .collect();
+                let _ = std::process::Command::new("systemctl")
+                    .args(["stop", &format!("{}.slice", parts.join("-"))])
+                    .status();
+            }
+        }
     }
 }
 

@@ -71,7 +71,7 @@ pub async fn rig_with(objects: Arc<dyn evlet::sync::objects::EnvObjects>) -> Rig
     let node = NodeContext {
         node_name: "n".into(),
         root_dir: root.path().to_path_buf(),
-        pods_cgroup: "/evlet-fake/kubepods".into(),
+        cgroups: evlet::cm::Names::new(evlet::cm::Driver::Cgroupfs, "/evlet-fake"),
         host_ip: None,
         memory_capacity: 1 << 30,
         parallel_pod_starts: evlet::config::DEFAULT_PARALLEL_POD_STARTS,
