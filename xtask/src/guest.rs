@@ -1,6 +1,6 @@
 //! The whole agent inside the kernel matrix's guests, on pure cgroup v2.
 //!
-//! The guest is an initramfs: busybox, containerd 2.1 with its shim and `ctr`,
+//! A guest is an initramfs: busybox, containerd 2.1 with its shim and `ctr`,
 //! runc, the CNI bridge/host-local/loopback plugins, the local images, and the
 //! host's `node_*` test binaries (debug info stripped) with their libraries.
 //! The userland's C library, libseccomp and runc are Debian sid's, the line
@@ -11,12 +11,20 @@
 //! `overlay`, `bridge` and `veth` modules (and their dependencies),
 //! concatenated to the first: the kernel unpacks both.
 //!
-//! The guest's `/init` copies the archive into a tmpfs and switches root to it
-//! (runc's `pivot_root` cannot leave the initramfs root), mounts cgroup2
-//! alone at `/sys/fs/cgroup` (pure v2), loads the modules, starts containerd,
-//! imports the images and runs [`SUITES`] with the node tests' environment,
-//! one `init: mode <mode>` line before each suite, then `init: success` or
-//! `init: failure`.
+//! Each guest's `/init` copies the archive into a tmpfs and switches root to
+//! it (runc's `pivot_root` cannot leave the initramfs root). There the two
+//! [`Guest`]s part:
+//!
+//! * the agent guest's `/init` stays PID 1, mounts cgroup2 alone at
+//!   `/sys/fs/cgroup` (pure v2) and runs [`RUN`] with [`SUITES`];
+//! * the systemd guest execs the host's systemd (with the host's D-Bus), which
+//!   mounts cgroup2 itself and starts one unit, `evlet-suite.service`, that
+//!   runs [`RUN`] with [`SYSTEMD_SUITES`], containerd's runc and the tests on
+//!   the systemd cgroup driver (`EVLET_E2E_CGROUP_DRIVER=systemd`).
+//!
+//! [`RUN`] loads the modules, starts containerd, imports the images and runs
+//! the suites with the node tests' environment, one `init: mode <mode>` line
+//! before each suite, then `init: success` or `init: failure` on the console.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -51,21 +59,24 @@ struct Suite {
     modes: &'static [&'static str],
 }
 
-/// The guest suite: a pod with init and app containers (logs, preStop,
-/// graceful delete leaving nothing behind), kill → restart with `lastState`,
-/// OOMKilled, an agent restart adopting running pods — in `ebpf` mode with
-/// `generic` as the control — then the OOM kill modes and the pods' cgroup
-/// tree on pure v2. Each hinted-mode test ends by asserting that a full
-/// relist found no change the kernel's hints missed.
+/// The agent tests both guests run: a pod with init and app containers (logs,
+/// preStop, graceful delete leaving nothing behind), kill → restart with
+/// `lastState`, OOMKilled, an agent restart adopting running pods.
+const AGENT_TESTS: &[&str] = &[
+    "init_then_two_containers_run_with_logs_in_the_pods_layout",
+    "a_killed_container_restarts_with_its_exit_in_last_state",
+    "exceeding_the_memory_limit_is_reported_as_oom_killed",
+    "a_restarted_agent_adopts_running_pods",
+];
+
+/// The agent guest's suite: [`AGENT_TESTS`] in `ebpf` mode with `generic` as
+/// the control, then the OOM kill modes and the pods' cgroup tree on pure v2.
+/// Each hinted-mode test ends by asserting that a full relist found no change
+/// the kernel's hints missed.
 const SUITES: &[Suite] = &[
     Suite {
         test: "node_agent",
-        filters: &[
-            "init_then_two_containers_run_with_logs_in_the_pods_layout",
-            "a_killed_container_restarts_with_its_exit_in_last_state",
-            "exceeding_the_memory_limit_is_reported_as_oom_killed",
-            "a_restarted_agent_adopts_running_pods",
-        ],
+        filters: AGENT_TESTS,
         modes: &["ebpf", "generic"],
     },
     Suite {
@@ -84,11 +95,96 @@ const SUITES: &[Suite] = &[
     },
 ];
 
-/// The guest's memory (the suites' pods, containerd and a tmpfs root).
+/// The systemd guest's suite, with the systemd cgroup driver: [`AGENT_TESTS`]
+/// and the pods' cgroup tree, in `ebpf` mode.
+const SYSTEMD_SUITES: &[Suite] = &[
+    Suite {
+        test: "node_agent",
+        filters: AGENT_TESTS,
+        modes: &["ebpf"],
+    },
+    Suite {
+        test: "node_cgroups",
+        filters: &[],
+        modes: &["ebpf"],
+    },
+];
+
+/// The guests' memory (the suites' pods, containerd and a tmpfs root).
 pub const MEMORY: &str = "3072M";
 
 /// The node's directory inside the guest, as `cargo xtask node` lays it out.
 const NODE_DIR: &str = "/var/lib/evlet-node/2.1";
+
+/// The two agent guests: the same userland, node and images, another PID 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guest {
+    /// busybox's shell is PID 1 and mounts cgroup2 itself; runc and the
+    /// tests use the cgroupfs driver.
+    Agent,
+    /// The host's systemd is PID 1, with the host's D-Bus; runc and the tests
+    /// use the systemd cgroup driver.
+    Systemd,
+}
+
+impl Guest {
+    /// The guest's short name: its archive's, logs' and failures' label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Systemd => "systemd",
+        }
+    }
+
+    /// The heading of the guest's results.
+    pub fn title(self) -> String {
+        match self {
+            Self::Agent => format!("agent guest (containerd {CONTAINERD}, pure cgroup v2)"),
+            Self::Systemd => format!(
+                "systemd guest (containerd {CONTAINERD}, pure cgroup v2, {} as PID 1)",
+                systemd_version()
+            ),
+        }
+    }
+
+    fn suites(self) -> &'static [Suite] {
+        match self {
+            Self::Agent => SUITES,
+            Self::Systemd => SYSTEMD_SUITES,
+        }
+    }
+
+    /// The lines [`RUN`] starts with: the guest's mounts and its `diagnose`.
+    fn setup(self) -> &'static str {
+        match self {
+            Self::Agent => AGENT_SETUP,
+            Self::Systemd => SYSTEMD_SETUP,
+        }
+    }
+
+    /// The smoke checks that stand for the suites with `--smoke`.
+    fn smoke(self) -> String {
+        let (run_flags, extra) = match self {
+            Self::Agent => ("", ""),
+            Self::Systemd => (
+                " --runc-systemd-cgroup --cgroup system.slice:evlet:smoke",
+                SYSTEMD_SMOKE,
+            ),
+        };
+        SMOKE.replace("@RUN_FLAGS@", run_flags) + extra
+    }
+}
+
+/// The host's systemd version, as `systemd <n>`.
+fn systemd_version() -> String {
+    sh::output(std::process::Command::new(SYSTEMD).arg("--version"))
+        .ok()
+        .and_then(|out| {
+            let words: Vec<&str> = out.split_whitespace().take(2).collect();
+            (words.len() == 2).then(|| words.join(" "))
+        })
+        .unwrap_or_else(|| "systemd".to_owned())
+}
 
 /// Where a file of the archive comes from.
 enum Source {
@@ -111,6 +207,13 @@ impl Tree {
         self.0.insert(guest.to_owned(), (mode, Source::Bytes(data)));
     }
 
+    /// A host's configuration file (not executable), read now.
+    fn config(&mut self, guest: &str, host: &Path) -> Result<()> {
+        let data = fs::read(host).with_context(|| format!("reading {}", host.display()))?;
+        self.bytes(guest, 0o100_644, data);
+        Ok(())
+    }
+
     fn link(&mut self, guest: &str, target: &str) {
         self.0.insert(
             guest.to_owned(),
@@ -131,6 +234,27 @@ impl Tree {
                 self.dir(&name, &path)?;
             } else {
                 self.file(&name, &path);
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's shared libraries `programs` load (as `ldd` resolves them),
+    /// flat under `usr/lib/x86_64-linux-gnu` (the loader's default path).
+    fn libraries(&mut self, programs: &[PathBuf]) -> Result<()> {
+        for program in programs {
+            for lib in libraries(program)? {
+                let name = lib
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if name.starts_with("ld-linux") {
+                    continue;
+                }
+                self.file(
+                    &format!("usr/lib/x86_64-linux-gnu/{name}"),
+                    &fs::canonicalize(&lib)?,
+                );
             }
         }
         Ok(())
@@ -205,11 +329,11 @@ fn libraries(binary: &Path) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
-/// Builds the `node_*` test binaries of [`SUITES`] and strips their debug
+/// Builds the `node_*` test binaries of `suites` and strips their debug
 /// info into `work` (a 100 MB test binary unpacks slowly under TCG).
-fn build_tests(work: &Path) -> Result<Vec<(String, PathBuf)>> {
+fn build_tests(suites: &[Suite], work: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut args = vec!["test", "--locked", "--no-run", "--message-format=json"];
-    for suite in SUITES {
+    for suite in suites {
         args.extend(["--test", suite.test]);
     }
     let out = sh::output(&mut sh::cargo(&args)).context("building the guest's node tests")?;
@@ -225,20 +349,20 @@ fn build_tests(work: &Path) -> Result<Vec<(String, PathBuf)>> {
         )?;
         binaries.push((name, stripped));
     }
-    if binaries.len() != SUITES.len() {
+    if binaries.len() != suites.len() {
         bail!(
             "cargo built {} of the guest's {} test binaries",
             binaries.len(),
-            SUITES.len()
+            suites.len()
         );
     }
     Ok(binaries)
 }
 
-/// The shell lines that run the suites, each after its `init: mode` line.
-fn suite_script() -> String {
+/// The shell lines that run `suites`, each after its `init: mode` line.
+fn suite_script(suites: &[Suite]) -> String {
     let mut script = String::new();
-    for suite in SUITES {
+    for suite in suites {
         for mode in suite.modes {
             let exact = if suite.filters.is_empty() {
                 ""
@@ -255,6 +379,9 @@ fn suite_script() -> String {
     script
 }
 
+/// The first stage of every guest's `/init`: it copies the archive into a
+/// tmpfs (runc's `pivot_root` cannot leave the initramfs root) and there
+/// execs `@PID1@`, the agent guest's `/init` again or systemd.
 const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 if [ ! -e /.switched ]; then
@@ -264,9 +391,13 @@ if [ ! -e /.switched ]; then
   for d in /*; do [ "$d" = /newroot ] || [ "$d" = /proc ] || cp -a "$d" /newroot/; done
   mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/tmp /newroot/run /newroot/var
   touch /newroot/.switched
-  exec switch_root /newroot /init
+  exec switch_root /newroot @PID1@
 fi
-mount -t proc proc /proc
+"#;
+
+/// The agent guest's setup: the shell is PID 1 and mounts everything,
+/// cgroup2 alone at `/sys/fs/cgroup` (pure v2).
+const AGENT_SETUP: &str = r#"mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
@@ -277,21 +408,60 @@ mount -t tmpfs tmpfs /run
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
-for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "init: insmod $m failed"; done
+diagnose() { echo "init: containerd log tail"; tail -30 /tmp/containerd.log; }
+"#;
+
+/// How the systemd guest's PID 1 starts: only [`SYSTEMD_UNIT`]'s target; its
+/// warnings, failed units and what services print on the console (the guest
+/// has no journal).
+const SYSTEMD_PID1: &str = "/lib/systemd/systemd --unit=evlet.target --log-target=console \
+     --log-level=warning --show-status=error --default-standard-output=tty";
+
+/// The systemd guest's setup, in [`SYSTEMD_UNIT`]: systemd mounted the API
+/// file systems and cgroup2 (pure v2) but not tracefs; the suites wait for
+/// systemd's name on the system bus.
+const SYSTEMD_SETUP: &str = r#"export SYSTEMD_PAGER=cat SYSTEMD_COLORS=0
+grep -q ' /sys/kernel/tracing ' /proc/mounts || mount -t tracefs tracefs /sys/kernel/tracing
+diagnose() {
+  echo "init: containerd log tail"; tail -30 /tmp/containerd.log
+  f=$(systemctl --failed --no-legend --plain | cut -d' ' -f1 | tr '\n' ' ')
+  echo "init: systemd is $(systemctl is-system-running), failed units: ${f:-none}"
+}
+echo "init: $(systemctl --version | head -1 | cut -d' ' -f1,2) is PID 1 ($(cat /proc/1/comm)); unit started $(cut -d' ' -f1 /proc/uptime)s after boot"
+i=0
+until busctl --acquired list 2>/dev/null | grep -q '^org\.freedesktop\.systemd1 '; do
+  i=$((i+1))
+  [ $i -le 150 ] || fail "systemd is not on the system bus"
+  sleep 0.2
+done
+echo "init: systemd on the system bus $(cut -d' ' -f1 /proc/uptime)s after boot"
+export EVLET_E2E_CGROUP_DRIVER=systemd
+# Each test's cgroup root sits at the top: systemd slice names repeat every
+# part above them, and the eBPF cgroup watch prefix holds 64 bytes.
+export EVLET_CGROUP_ROOT=/
+"#;
+
+/// What both guests do once set up: load the modules, start containerd,
+/// import the images, run `@SUITES@` and power off, one `init: success` or
+/// `init: failure` line before.
+const RUN: &str = r#"# The console's first line carries the firmware's escape codes.
+echo
+export PATH=/opt/containerd/bin:/bin:/sbin:/usr/bin
+fail() { echo "init: $1"; diagnose; echo "init: failure"; poweroff -f; }
+@SETUP@for m in $(cat /modules/order); do insmod /modules/$m.ko || echo "init: insmod $m failed"; done
 ip link set lo up
 hostname evlet-guest
 ulimit -l unlimited
 ulimit -n 65536
-echo "init: kernel $(uname -r), /sys/fs/cgroup is $(stat -fc %T /sys/fs/cgroup)"
+echo "init: kernel $(uname -r), /sys/fs/cgroup is $(awk '$2 == "/sys/fs/cgroup" { print $3 }' /proc/mounts), $(grep -c '^[^ ]* [^ ]* cgroup ' /proc/mounts) cgroup v1 hierarchies"
 D=@NODE_DIR@
 mkdir -p $D/root $D/state $D/cni/net.d $D/cni/ipam
-export PATH=/opt/containerd/bin:/bin:/sbin
 t0=$(date +%s)
 containerd --config $D/config.toml > /tmp/containerd.log 2>&1 &
 i=0
 until ctr -a $D/containerd.sock version > /dev/null 2>&1; do
   i=$((i+1))
-  if [ $i -gt 300 ]; then echo "init: containerd did not serve"; tail -30 /tmp/containerd.log; echo "init: failure"; poweroff -f; fi
+  [ $i -le 300 ] || fail "containerd did not serve"
   sleep 0.2
 done
 for f in /images/*.tar; do
@@ -300,34 +470,191 @@ for f in /images/*.tar; do
     if timeout 120 ctr -a $D/containerd.sock -n k8s.io images import "$f" > /dev/null; then ok=1; break; fi
     echo "init: import of $f failed (attempt $attempt)"
   done
-  [ -n "$ok" ] || { tail -30 /tmp/containerd.log; echo "init: failure"; poweroff -f; }
+  [ -n "$ok" ] || fail "no import of $f"
 done
 echo "init: containerd up, images imported in $(( $(date +%s) - t0 ))s"
-export CI=true RUST_BACKTRACE=1 EVLET_CRI_ENDPOINT=unix://$D/containerd.sock EVLET_CONTAINERD_VERSION=2.1 EVLET_NODE_DIR=$D EVLET_CGROUP_ROOT=/evlet-node-21 EVLET_PAUSE_IMAGE=@PAUSE@ EVLET_TEST_IMAGE=@TEST@
+export CI=true RUST_BACKTRACE=1 EVLET_CRI_ENDPOINT=unix://$D/containerd.sock EVLET_CONTAINERD_VERSION=2.1 EVLET_NODE_DIR=$D EVLET_CGROUP_ROOT=${EVLET_CGROUP_ROOT:-/evlet-node-21} EVLET_PAUSE_IMAGE=@PAUSE@ EVLET_TEST_IMAGE=@TEST@
 rc=0
 @SUITES@
 echo "init: suites done in $(( $(date +%s) - t0 ))s"
-[ $rc = 0 ] || { echo "init: containerd log tail"; tail -30 /tmp/containerd.log; }
+[ $rc = 0 ] || diagnose
 if [ $rc = 0 ]; then echo "init: success"; else echo "init: failure"; fi
 poweroff -f
 "#;
 
-/// Builds the guest's shared archive in `work`.
-pub fn common_archive(work: &Path) -> Result<PathBuf> {
+/// `--smoke`'s checks instead of the suites, printed as libtest prints tests.
+const SMOKE: &str = r#"smoke() {
+  n=$1; shift
+  if "$@" > /tmp/smoke.out 2>&1; then echo "test smoke::$n ... ok"
+  else cat /tmp/smoke.out; echo "test smoke::$n ... FAILED"; rc=1; fi
+}
+smoke ctr_answers ctr -a $D/containerd.sock version
+smoke a_container_runs ctr -a $D/containerd.sock -n k8s.io run --rm@RUN_FLAGS@ @TEST@ evlet-smoke /bin/true
+"#;
+
+/// The systemd guest's smoke check of systemd's D-Bus API: a transient slice
+/// with a CPU weight and a memory limit, as the systemd cgroup driver asks.
+const SYSTEMD_SMOKE: &str = r#"transient_slice() {
+  busctl call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager StartTransientUnit 'ssa(sv)a(sa(sv))' test-pod_x.slice replace 2 CPUWeight t 50 MemoryMax t 67108864 0 || return 1
+  s=/sys/fs/cgroup/test.slice/test-pod_x.slice
+  i=0
+  until [ -e $s/cpu.weight ] && [ -e $s/memory.max ]; do i=$((i+1)); [ $i -le 50 ] || return 1; sleep 0.1; done
+  echo "init: $s: cpu.weight $(cat $s/cpu.weight), memory.max $(cat $s/memory.max)" > /dev/console
+  [ "$(cat $s/cpu.weight)" = 50 ] && [ "$(cat $s/memory.max)" = 67108864 ]
+}
+smoke a_transient_slice_gets_its_cpu_weight_and_memory_max transient_slice
+"#;
+
+/// The systemd guest's PID 1 and the D-Bus daemon, from the host.
+const SYSTEMD: &str = "/lib/systemd/systemd";
+const SYSTEMD_PROGRAMS: [&str; 4] = [
+    SYSTEMD,
+    "/usr/bin/systemctl",
+    "/usr/bin/busctl",
+    "/usr/bin/dbus-daemon",
+];
+
+/// The host's units systemd reaches [`SYSTEMD_UNIT`] through (a unit's
+/// default dependencies, and D-Bus). Their `.wants` are left out: the guest
+/// has no journald, udev or tmpfiles.
+const SYSTEMD_UNITS: [&str; 13] = [
+    "basic.target",
+    "sysinit.target",
+    "sockets.target",
+    "local-fs.target",
+    "local-fs-pre.target",
+    "swap.target",
+    "timers.target",
+    "paths.target",
+    "slices.target",
+    "shutdown.target",
+    "umount.target",
+    "dbus.socket",
+    "dbus.service",
+];
+
+/// The systemd guest's target (systemd's `--unit`) and the service that
+/// runs [`RUN`] as `/evlet-suite`, its output on the console. It runs even if
+/// D-Bus does not start (its wait for the bus then fails, saying why), and
+/// should it end without powering off, systemd powers off.
+const SYSTEMD_UNIT: &str = r#"[Unit]
+Description=evlet's node suites
+Wants=dbus.socket dbus.service
+After=dbus.socket dbus.service
+SuccessAction=poweroff-immediate
+FailureAction=poweroff-immediate
+
+[Service]
+Type=oneshot
+ExecStart=/evlet-suite
+StandardInput=null
+StandardOutput=tty
+StandardError=inherit
+TTYPath=/dev/console
+TimeoutStartSec=infinity
+LimitMEMLOCK=infinity
+LimitNOFILE=65536
+"#;
+const SYSTEMD_TARGET: &str = r#"[Unit]
+Description=evlet's guest
+Wants=evlet-suite.service
+After=evlet-suite.service
+"#;
+
+/// systemd's and D-Bus's programs, configuration and units in `tree`, the
+/// node suites' service, and the machine's identity.
+fn add_systemd(tree: &mut Tree) -> Result<()> {
+    if let Some(missing) = SYSTEMD_PROGRAMS.iter().find(|p| !Path::new(p).is_file()) {
+        bail!(
+            "the systemd guest packs this host's systemd and D-Bus, and {missing} is missing \
+             (Debian packages systemd and dbus-daemon); skip the guest with --no-systemd"
+        );
+    }
+    for program in SYSTEMD_PROGRAMS {
+        tree.file(program.trim_start_matches('/'), Path::new(program));
+    }
+    let units = Path::new("/lib/systemd/system");
+    for unit in SYSTEMD_UNITS {
+        tree.config(&format!("usr/lib/systemd/system/{unit}"), &units.join(unit))?;
+    }
+    // The bus's configuration, and the policy that lets systemd own its name.
+    for config in ["system.conf", "system.d/org.freedesktop.systemd1.conf"] {
+        tree.config(
+            &format!("usr/share/dbus-1/{config}"),
+            &Path::new("/usr/share/dbus-1").join(config),
+        )?;
+    }
+    tree.bytes(
+        "etc/systemd/system/evlet-suite.service",
+        0o100_644,
+        SYSTEMD_UNIT.as_bytes().to_vec(),
+    );
+    tree.bytes(
+        "etc/systemd/system/evlet.target",
+        0o100_644,
+        SYSTEMD_TARGET.as_bytes().to_vec(),
+    );
+    // A machine ID of its own: without one systemd boots as a first boot.
+    tree.bytes(
+        "etc/machine-id",
+        0o100_444,
+        b"e71e7a6e5c0d4e1e9e0a1e7e71e7e7e7\n".to_vec(),
+    );
+    tree.bytes(
+        "etc/os-release",
+        0o100_644,
+        b"NAME=\"evlet guest\"\nID=evlet-guest\nPRETTY_NAME=\"evlet guest\"\n".to_vec(),
+    );
+    Ok(())
+}
+
+/// The guest's scripts by their path: `/init`, and the systemd guest's
+/// `/evlet-suite` (its [`SYSTEMD_UNIT`]'s), running `suites`.
+fn scripts(guest: Guest, suites: &str) -> Vec<(&'static str, String)> {
+    let run = RUN
+        .replace("@SETUP@", guest.setup())
+        .replace("@SUITES@", suites)
+        .replace("@NODE_DIR@", NODE_DIR)
+        .replace("@PAUSE@", image::PAUSE_IMAGE)
+        .replace("@TEST@", image::TEST_IMAGE);
+    match guest {
+        Guest::Agent => vec![("init", INIT.replace("@PID1@", "/init") + &run)],
+        Guest::Systemd => vec![
+            ("init", INIT.replace("@PID1@", SYSTEMD_PID1)),
+            ("evlet-suite", format!("#!/bin/busybox sh\n{run}")),
+        ],
+    }
+}
+
+/// Builds `guest`'s archive in `work`, its kernel's modules apart: the node
+/// suites, or with `smoke` the smoke checks (no test build).
+pub fn archive(guest: Guest, work: &Path, smoke: bool) -> Result<PathBuf> {
     let apt = PrivateApt::open()?;
     let sid = sid_userland(&apt)?;
     let bins = containerd::binaries(CONTAINERD)?;
-    let tests_dir = work.join("tests");
-    fs::create_dir_all(&tests_dir)?;
-    let tests = build_tests(&tests_dir)?;
+    let tests = if smoke {
+        Vec::new()
+    } else {
+        let dir = work.join("tests");
+        fs::create_dir_all(&dir)?;
+        build_tests(guest.suites(), &dir)?
+    };
     let mut tree = Tree::default();
     tree.file("bin/busybox", Path::new("/bin/busybox"));
-    let init = INIT
-        .replace("@NODE_DIR@", NODE_DIR)
-        .replace("@PAUSE@", image::PAUSE_IMAGE)
-        .replace("@TEST@", image::TEST_IMAGE)
-        .replace("@SUITES@", &suite_script());
-    tree.bytes("init", 0o100_755, init.into_bytes());
+    let suites = if smoke {
+        guest.smoke()
+    } else {
+        suite_script(guest.suites())
+    };
+    for (name, script) in scripts(guest, &suites) {
+        tree.bytes(name, 0o100_755, script.into_bytes());
+    }
+    let mut programs: Vec<PathBuf> = tests.iter().map(|(_, p)| p.clone()).collect();
+    programs.push(bins.containerd.clone());
+    if guest == Guest::Systemd {
+        add_systemd(&mut tree)?;
+        programs.extend(SYSTEMD_PROGRAMS.iter().map(PathBuf::from));
+    }
     let shim = bins.bin_dir.join("containerd-shim-runc-v2");
     for (name, path) in [
         ("containerd", &bins.containerd),
@@ -343,25 +670,9 @@ pub fn common_archive(work: &Path) -> Result<PathBuf> {
             &Path::new("/usr/lib/cni").join(plugin),
         );
     }
-    // The host's libraries the test binaries and containerd load, then sid's
-    // C library over them (the same names: sid's win).
-    let mut programs: Vec<PathBuf> = tests.iter().map(|(_, p)| p.clone()).collect();
-    programs.push(bins.containerd.clone());
-    for program in &programs {
-        for lib in libraries(program)? {
-            let name = lib
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            if name.starts_with("ld-linux") {
-                continue;
-            }
-            tree.file(
-                &format!("usr/lib/x86_64-linux-gnu/{name}"),
-                &fs::canonicalize(&lib)?,
-            );
-        }
-    }
+    // The host's libraries of the programs, then sid's C library over them
+    // (the same names: sid's win).
+    tree.libraries(&programs)?;
     tree.dir(
         "usr/lib/x86_64-linux-gnu",
         &sid.join("usr/lib/x86_64-linux-gnu"),
@@ -371,6 +682,8 @@ pub fn common_archive(work: &Path) -> Result<PathBuf> {
         .retain(|k, _| !k.starts_with("usr/lib/x86_64-linux-gnu/gconv"));
     tree.link("lib", "usr/lib");
     tree.link("lib64", "usr/lib64");
+    // godbus (runc's systemd driver) dials /var/run/dbus/system_bus_socket.
+    tree.link("var/run", "../run");
     for (name, path) in &tests {
         tree.file(&format!("tests/{name}"), path);
     }
@@ -384,7 +697,7 @@ pub fn common_archive(work: &Path) -> Result<PathBuf> {
     tree.bytes(
         &format!("{}/config.toml", NODE_DIR.trim_start_matches('/')),
         0o100_644,
-        crate::node::containerd_config(Path::new(NODE_DIR)).into_bytes(),
+        crate::node::containerd_config(Path::new(NODE_DIR), guest == Guest::Systemd).into_bytes(),
     );
     tree.bytes(
         &format!(
@@ -394,23 +707,23 @@ pub fn common_archive(work: &Path) -> Result<PathBuf> {
         0o100_644,
         serde_json::to_vec_pretty(&crate::node::cni_config(CONTAINERD, Path::new(NODE_DIR)))?,
     );
-    tree.bytes(
-        "etc/passwd",
-        0o100_644,
-        b"root:x:0:0:root:/root:/bin/sh\n".to_vec(),
-    );
-    tree.bytes("etc/group", 0o100_644, b"root:x:0:\n".to_vec());
-    tree.bytes(
-        "etc/hosts",
-        0o100_644,
-        b"127.0.0.1 localhost evlet-guest\n".to_vec(),
-    );
-    tree.bytes(
-        "etc/resolv.conf",
-        0o100_644,
-        b"nameserver 10.0.2.3\n".to_vec(),
-    );
-    let dest = work.join("common.cpio.gz");
+    for (name, text) in [
+        (
+            "passwd",
+            "root:x:0:0:root:/root:/bin/sh\nmessagebus:x:100:101::/nonexistent:/bin/false\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+        ),
+        ("group", "root:x:0:\nmessagebus:x:101:\nnogroup:x:65534:\n"),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n",
+        ),
+        ("hostname", "evlet-guest\n"),
+        ("hosts", "127.0.0.1 localhost evlet-guest\n"),
+        ("resolv.conf", "nameserver 10.0.2.3\n"),
+    ] {
+        tree.bytes(&format!("etc/{name}"), 0o100_644, text.as_bytes().to_vec());
+    }
+    let dest = work.join(format!("{}.cpio.gz", guest.name()));
     tree.write(&dest)?;
     Ok(dest)
 }
@@ -556,12 +869,72 @@ mod tests {
 
     #[test]
     fn every_suite_runs_in_ebpf_mode_and_the_agent_suite_also_in_generic() {
-        let script = suite_script();
+        let script = suite_script(SUITES);
         assert!(script.contains("EVLET_E2E_PLEG=ebpf /tests/node_agent"));
         assert!(script.contains("EVLET_E2E_PLEG=generic /tests/node_agent"));
         assert!(
             script.contains("EVLET_E2E_PLEG=ebpf /tests/node_cgroups --test-threads=1  || rc=1")
         );
         assert!(script.contains("/tests/node_pleg --test-threads=1 --exact a_childs_oom_kill"));
+    }
+
+    #[test]
+    fn the_agent_guests_init_is_pid_1_throughout_and_mounts_cgroup2_itself() {
+        let scripts = scripts(Guest::Agent, &suite_script(SUITES));
+        let [("init", init)] = scripts.as_slice() else {
+            panic!("the agent guest has one script, /init: {scripts:?}");
+        };
+        assert!(init.contains("exec switch_root /newroot /init\n"));
+        assert!(init.contains("mount -t cgroup2 cgroup2 /sys/fs/cgroup"));
+        assert!(init.contains("EVLET_E2E_PLEG=generic /tests/node_agent"));
+        assert!(!init.contains("EVLET_E2E_CGROUP_DRIVER"));
+        assert!(!init.contains("@"), "a placeholder is left: {init}");
+    }
+
+    #[test]
+    fn the_systemd_guest_runs_its_suites_in_a_unit_under_systemd() {
+        let scripts = scripts(Guest::Systemd, &suite_script(SYSTEMD_SUITES));
+        let [("init", init), ("evlet-suite", suite)] = scripts.as_slice() else {
+            panic!("the systemd guest has /init and /evlet-suite: {scripts:?}");
+        };
+        // /init moves to the tmpfs, then systemd is PID 1 and mounts cgroup2.
+        assert!(
+            init.contains("exec switch_root /newroot /lib/systemd/systemd --unit=evlet.target")
+        );
+        assert!(init.trim_end().ends_with("fi"));
+        assert!(!init.contains("cgroup2") && !suite.contains("mount -t cgroup2"));
+        assert!(SYSTEMD_TARGET.contains("Wants=evlet-suite.service"));
+        assert!(SYSTEMD_UNIT.contains("ExecStart=/evlet-suite\n"));
+        assert!(SYSTEMD_UNIT.contains("Type=oneshot"));
+        assert!(SYSTEMD_UNIT.contains("FailureAction=poweroff-immediate"));
+        assert!(SYSTEMD_UNIT.contains("After=dbus.socket dbus.service"));
+        assert!(SYSTEMD_UNIT.contains("TTYPath=/dev/console"));
+        assert!(SYSTEMD_UNITS.contains(&"dbus.socket") && SYSTEMD_UNITS.contains(&"dbus.service"));
+        // The suites wait for systemd on the bus, with the systemd driver,
+        // in ebpf mode only; a failure shows systemd's failed units.
+        let bus = suite
+            .find("org\\.freedesktop\\.systemd1")
+            .expect("waits for the bus");
+        let driver = suite
+            .find("export EVLET_E2E_CGROUP_DRIVER=systemd")
+            .expect("the systemd driver");
+        let first = suite.find("/tests/node_agent").expect("the agent suite");
+        assert!(bus < driver && driver < first);
+        assert!(suite.contains("EVLET_E2E_PLEG=ebpf /tests/node_cgroups"));
+        assert!(!suite.contains("EVLET_E2E_PLEG=generic"));
+        assert!(suite.contains("systemctl --failed"));
+        assert!(suite.starts_with("#!/bin/busybox sh\n"));
+        assert!(suite.trim_end().ends_with("poweroff -f"));
+        assert!(!suite.contains("@"), "a placeholder is left: {suite}");
+    }
+
+    #[test]
+    fn the_systemd_guests_smoke_checks_a_transient_slice_and_a_systemd_cgroup_container() {
+        let smoke = Guest::Systemd.smoke();
+        assert!(smoke.contains("StartTransientUnit 'ssa(sv)a(sa(sv))' test-pod_x.slice"));
+        assert!(smoke.contains("run --rm --runc-systemd-cgroup --cgroup system.slice:evlet:smoke"));
+        assert!(!Guest::Agent.smoke().contains("systemd"));
+        let config = crate::node::containerd_config(Path::new(NODE_DIR), true);
+        assert!(config.contains("SystemdCgroup = true"));
     }
 }

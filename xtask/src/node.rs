@@ -34,8 +34,9 @@ fn bridge(version: Version) -> String {
 }
 
 /// The configuration of a node's containerd whose directory is `dir` (also
-/// the agent guest's, see `guest`).
-pub fn containerd_config(dir: &Path) -> String {
+/// the agent guests', see `guest`); runc's cgroups through systemd with
+/// `systemd_cgroup` (the systemd guest's), else through cgroupfs.
+pub fn containerd_config(dir: &Path, systemd_cgroup: bool) -> String {
     let d = dir.display();
     // Version 2 config: 1.6 and 1.7 read it natively, 2.x migrates it on load.
     format!(
@@ -62,7 +63,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
+        SystemdCgroup = {systemd_cgroup}
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{d}/cni/net.d"
@@ -251,7 +252,7 @@ impl Node {
         for sub in ["root", "state", "cni/net.d", "cni/ipam", "log"] {
             fs::create_dir_all(self.dir.join(sub))?;
         }
-        fs::write(self.config(), containerd_config(&self.dir))?;
+        fs::write(self.config(), containerd_config(&self.dir, false))?;
         fs::write(
             self.dir.join("cni/net.d/10-evlet.conflist"),
             serde_json::to_vec_pretty(&cni_config(self.version, &self.dir))?,

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use crate::apt::{self, PrivateApt};
-use crate::{guest, paths, sh};
+use crate::guest::{self, Guest};
+use crate::{paths, sh};
 
 /// One kernel line of the matrix.
 #[derive(Debug, Clone, Copy)]
@@ -71,16 +72,28 @@ pub struct Options {
     /// suites on pure cgroup v2): the oldest and the newest, as in CI.
     #[arg(long, value_delimiter = ',', default_values = ["5.10", "sid"])]
     pub agent_kernels: Vec<String>,
-    /// Every kernel line, for the probe tests and the agent guest alike.
+    /// Kernel lines the systemd guest boots (the agent guest with systemd as
+    /// PID 1 and the systemd cgroup driver): the newest.
+    #[arg(long, value_delimiter = ',', default_values = ["sid"])]
+    pub systemd_kernels: Vec<String>,
+    /// Every kernel line, for the probe tests and both guests alike.
     #[arg(long)]
     pub all: bool,
     /// Skip the agent guest.
     #[arg(long)]
     pub no_agent: bool,
-    /// Skip the probe tests (boot the agent guest only).
+    /// Skip the systemd guest.
+    #[arg(long)]
+    pub no_systemd: bool,
+    /// Skip the probe tests (boot the guests only).
     #[arg(long)]
     pub no_probes: bool,
-    /// Wall-clock limit per agent guest, in seconds.
+    /// Boot the guests with smoke checks instead of the node suites (no test
+    /// build): containerd answers, a container runs, and on the systemd guest
+    /// a transient slice through systemd's D-Bus API.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Wall-clock limit per agent or systemd guest, in seconds.
     #[arg(long, default_value_t = 900)]
     pub agent_timeout: u64,
 }
@@ -398,7 +411,7 @@ const PANICS: [&str; 3] = [
     "watchdog: BUG: soft lockup",
 ];
 
-/// The probe tests' guest memory (the agent guest's is [`guest::MEMORY`]).
+/// The probe tests' guest memory (the agent guests' is [`guest::MEMORY`]).
 const PROBES_MEMORY: &str = "1024M";
 
 fn boot(
@@ -637,28 +650,64 @@ fn lines_of(labels: &[String]) -> Result<Vec<Line>> {
         .collect()
 }
 
+/// Builds `guest`'s archive and boots it on each of `kernels` with its
+/// kernel's modules; prints its matrix and returns its failures.
+fn boot_guest(
+    guest: Guest,
+    kernels: &[&Kernel],
+    options: &Options,
+    work: &Path,
+) -> Result<Vec<String>> {
+    let guest_work = work.join("guest");
+    fs::create_dir_all(&guest_work)?;
+    let common = fs::read(guest::archive(guest, &guest_work, options.smoke)?)?;
+    let initrd = |k: &Kernel| -> Result<PathBuf> {
+        let modules = guest_work.join(format!("modules-{}.cpio.gz", k.line.label));
+        guest::modules_archive(&k.modules, &modules)?;
+        // Two gzip'd archives back to back: the kernel unpacks both.
+        let mut bytes = common.clone();
+        bytes.extend(fs::read(&modules)?);
+        let dest = guest_work.join(format!(
+            "initramfs-{}-{}.cpio.gz",
+            guest.name(),
+            k.line.label
+        ));
+        fs::write(&dest, bytes)?;
+        Ok(dest)
+    };
+    let limit = Duration::from_secs(options.agent_timeout);
+    let boots = boot_each(guest.name(), guest::MEMORY, kernels, initrd, limit, work)?;
+    println!("{}:", guest.title());
+    print_matrix(&boots);
+    Ok(failures(&boots, guest.name()))
+}
+
 /// Runs the matrix: the probe tests on `--kernels`, then the agent guest on
-/// `--agent-kernels` (every kernel with `--all`); fails if any kernel fails,
-/// times out, or panics.
+/// `--agent-kernels` and the systemd guest on `--systemd-kernels` (every
+/// kernel with `--all`); fails if any kernel fails, times out, or panics.
 pub fn vm_test(options: &Options, kernel_tests: &[String]) -> Result<()> {
     let all: Vec<String> = LINES.iter().map(|l| l.label.to_owned()).collect();
-    let probe_lines = if options.no_probes {
-        Vec::new()
-    } else {
-        lines_of(if options.all { &all } else { &options.kernels })?
+    let chosen = |skip: bool, labels: &[String]| -> Result<Vec<Line>> {
+        match (skip, options.all) {
+            (true, _) => Ok(Vec::new()),
+            (false, true) => lines_of(&all),
+            (false, false) => lines_of(labels),
+        }
     };
-    let agent_lines = if options.no_agent {
-        Vec::new()
-    } else {
-        lines_of(if options.all {
-            &all
-        } else {
-            &options.agent_kernels
-        })?
-    };
+    let probe_lines = chosen(options.no_probes, &options.kernels)?;
+    let guests = [
+        (
+            Guest::Agent,
+            chosen(options.no_agent, &options.agent_kernels)?,
+        ),
+        (
+            Guest::Systemd,
+            chosen(options.no_systemd, &options.systemd_kernels)?,
+        ),
+    ];
     let apt = PrivateApt::open()?;
     let mut kernels: Vec<Kernel> = Vec::new();
-    for line in probe_lines.iter().chain(&agent_lines) {
+    for line in probe_lines.iter().chain(guests.iter().flat_map(|(_, l)| l)) {
         if !kernels.iter().any(|k| k.line.label == line.label) {
             kernels.push(kernel(&apt, *line)?);
         }
@@ -689,32 +738,10 @@ pub fn vm_test(options: &Options, kernel_tests: &[String]) -> Result<()> {
         print_matrix(&boots);
         failed.extend(failures(&boots, "probes"));
     }
-    if !agent_lines.is_empty() {
-        let guest_work = work.join("guest");
-        fs::create_dir_all(&guest_work)?;
-        let common = fs::read(guest::common_archive(&guest_work)?)?;
-        let initrd = |k: &Kernel| -> Result<PathBuf> {
-            let modules = guest_work.join(format!("modules-{}.cpio.gz", k.line.label));
-            guest::modules_archive(&k.modules, &modules)?;
-            // Two gzip'd archives back to back: the kernel unpacks both.
-            let mut bytes = common.clone();
-            bytes.extend(fs::read(&modules)?);
-            let dest = guest_work.join(format!("initramfs-{}.cpio.gz", k.line.label));
-            fs::write(&dest, bytes)?;
-            Ok(dest)
-        };
-        let limit = Duration::from_secs(options.agent_timeout);
-        let boots = boot_each(
-            "agent",
-            guest::MEMORY,
-            &pick(&agent_lines),
-            initrd,
-            limit,
-            &work,
-        )?;
-        println!("agent guest (containerd 2.1, pure cgroup v2):");
-        print_matrix(&boots);
-        failed.extend(failures(&boots, "agent"));
+    for (guest, lines) in &guests {
+        if !lines.is_empty() {
+            failed.extend(boot_guest(*guest, &pick(lines), options, &work)?);
+        }
     }
     if !failed.is_empty() {
         bail!("vm-test failed on kernel(s) {}", failed.join(", "));
