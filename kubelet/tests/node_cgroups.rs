@@ -56,6 +56,15 @@ impl Cgroups {
             .to_owned()
     }
 
+    /// Whether the cgroup `path` exists (in the memory hierarchy on v1).
+    fn exists(&self, path: &str) -> bool {
+        let root = match self {
+            Self::V1 => evlet::cgroups::v1_controller_root("memory").expect("a v1 controller"),
+            Self::V2(root) => root.clone(),
+        };
+        root.join(path.trim_start_matches('/')).is_dir()
+    }
+
     /// The memory limit (`memory.limit_in_bytes`, `memory.max`).
     fn memory(&self, path: &str) -> String {
         match self {
@@ -154,7 +163,7 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
             let path = |parts: &[&str]| cgroup_path(&root, parts);
             let kubepods = path(&["kubepods"]);
             let cg = Cgroups::detect();
-            let agent = w.start_with(config).await;
+            let agent = w.start_with(config.clone()).await;
             let machine = evlet::machine::Machine::read(w.root.path());
             let cpus = i64::try_from(machine.cpus).expect("cpus");
             let memory = i64::try_from(machine.memory).expect("memory");
@@ -293,7 +302,20 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                 "{:?}",
                 summary.pods[0].process_stats
             );
-            for name in ["guaranteed", "burstable", "besteffort"] {
+            // An orphan's cgroup goes too: the burstable pod, deleted while
+            // the agent is down, is found in the runtime with no spec to tell
+            // its QoS class.
+            agent.stop().await;
+            api.delete_pod("default", &w.pod_name("burstable"), Some(0));
+            let agent = w.start_with(config).await;
+            eventually(
+                Duration::from_secs(60),
+                "the orphan's cgroup removed",
+                || async { (!cg.exists(&b)).then_some(()) },
+            )
+            .await;
+            assert!(cg.exists(&g), "the guaranteed pod's cgroup stays");
+            for name in ["guaranteed", "besteffort"] {
                 api.delete_pod("default", &w.pod_name(name), Some(0));
             }
             agent.stop().await;

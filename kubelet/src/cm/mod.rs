@@ -121,12 +121,23 @@ impl Names {
     /// `kubepods/burstable/pod<uid>` and `kubepods/besteffort/pod<uid>`
     /// otherwise, as the driver spells them.
     pub fn pod(&self, pod: &Pod) -> String {
-        let leaf = format!("pod{}", crate::pod::uid(pod));
-        match crate::resources::qos(pod) {
+        self.pod_in(crate::resources::qos(pod), &crate::pod::uid(pod).0)
+    }
+
+    fn pod_in(&self, qos: Qos, uid: &str) -> String {
+        let leaf = format!("pod{uid}");
+        match qos {
             Qos::Guaranteed => self.path(&["kubepods", &leaf]),
             Qos::Burstable => self.path(&["kubepods", "burstable", &leaf]),
             Qos::BestEffort => self.path(&["kubepods", "besteffort", &leaf]),
         }
+    }
+
+    /// Every cgroup the pod `uid` may have, one per QoS class: where to look
+    /// for the cgroup of a pod whose spec is unknown (an orphan found in the
+    /// runtime) or changed class.
+    pub fn pod_placements(&self, uid: &str) -> [String; 3] {
+        [Qos::Guaranteed, Qos::Burstable, Qos::BestEffort].map(|q| self.pod_in(q, uid))
     }
 }
 
@@ -279,18 +290,23 @@ impl CgroupManager {
         .await
     }
 
-    /// Removes the pod's cgroup (the runtime removed the containers' below).
-    /// Best effort: a cgroup still busy is logged and left.
+    /// Removes the pod's cgroup (the runtime removed the containers' below),
+    /// wherever its QoS class put it: an orphan's spec, rebuilt from the
+    /// runtime, carries no resources to tell. Best effort: a cgroup still
+    /// busy is logged and left.
     pub async fn remove_pod(&self, pod: &Pod) {
-        let path = self.names.pod(pod);
-        match (&self.layout, &self.systemd) {
-            (Layout::Off, _) => {}
-            (_, Some(systemd)) => {
-                if let Err(e) = systemd.stop(&path).await {
-                    tracing::warn!(cgroup = %path, error = %e, "cannot remove the pod's cgroup");
+        if matches!(self.layout, Layout::Off) {
+            return;
+        }
+        for path in self.names.pod_placements(&crate::pod::uid(pod).0) {
+            match &self.systemd {
+                Some(systemd) => {
+                    if let Err(e) = systemd.stop(&path).await {
+                        tracing::warn!(cgroup = %path, error = %e, "cannot remove the pod's cgroup");
+                    }
                 }
+                None => crate::cgroups::remove(&path),
             }
-            (_, None) => crate::cgroups::remove(&path),
         }
     }
 
@@ -505,6 +521,14 @@ mod tests {
         assert_eq!(
             sd.pod(&best_effort),
             "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_ab.slice"
+        );
+        assert_eq!(
+            sd.pod_placements("12-ab"),
+            [
+                sd.pod(&guaranteed),
+                sd.pod(&burstable),
+                sd.pod(&best_effort)
+            ]
         );
         // A cgroup root's parts lead every name.
         let nested = Names::new(Driver::Systemd, "/evlet-node/w1");
