@@ -36,6 +36,7 @@ pub fn operation_type(call: &str) -> &'static str {
     match call {
         "Version" => "version",
         "Status" => "status",
+        "RuntimeConfig" => "runtime_config",
         "RunPodSandbox" => "run_podsandbox",
         "StopPodSandbox" => "stop_podsandbox",
         "RemovePodSandbox" => "remove_podsandbox",
