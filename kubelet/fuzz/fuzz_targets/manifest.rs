@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     let node = NodeContext {
         node_name: "fuzz-node".into(),
         root_dir: "/var/lib/evlet".into(),
-        pods_cgroup: "/kubepods".into(),
+        cgroups: evlet::cm::Names::new(evlet::cm::Driver::Cgroupfs, "/"),
         host_ip: Some("192.0.2.1".into()),
         memory_capacity: 8 << 30,
         ..Default::default()
