@@ -81,6 +81,11 @@ pub enum Property {
     U64(u64),
 }
 
+/// `props` as D-Bus `(sv)` pairs.
+fn values<'a>(props: &'a [(&'static str, Property)]) -> Vec<(&'static str, Value<'a>)> {
+    props.iter().map(|(k, v)| (*k, v.value())).collect()
+}
+
 impl Property {
     fn value(&self) -> Value<'_> {
         match self {
@@ -234,7 +239,7 @@ impl Systemd {
         // Subscribed before the start, so the job's end cannot be missed.
         let mut removed = self.manager.receive_job_removed().await.map_err(call)?;
         let props = new_unit_properties(unit, limits);
-        let values: Vec<(&str, Value<'_>)> = props.iter().map(|(k, v)| (*k, v.value())).collect();
+        let values = values(&props);
         let job = match self
             .manager
             .start_transient_unit(unit, "replace", &values, &[])
@@ -279,7 +284,7 @@ impl Systemd {
         if props.is_empty() {
             return Ok(());
         }
-        let values: Vec<(&str, Value<'_>)> = props.iter().map(|(k, v)| (*k, v.value())).collect();
+        let values = values(&props);
         self.manager
             .set_unit_properties(unit, true, &values)
             .await

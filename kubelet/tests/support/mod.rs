@@ -251,13 +251,9 @@ impl World {
             // removes it and every slice in it.
             evlet::cm::Driver::Systemd => {
                 let root = format!("{}/{}", self.node.cgroup_root, self.name);
-                let parts: Vec<String> = root
-                    .split('/')
-                    .filter(|p| !p.is_empty())
-                    .map(|p| p.replace('-', "_"))
-                    .collect();
+                let parts: Vec<&str> = root.split('/').filter(|p| !p.is_empty()).collect();
                 let _ = std::process::Command::new("systemctl")
-                    .args(["stop", &format!("{}.slice", parts.join("-"))])
+                    .args(["stop", &evlet::cm::systemd::slice_name(&parts)])
                     .status();
             }
         }
