@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use evlet::pod::labels;
+use evlet_cri::api::{Container, PodSandbox};
 use evlet_cri::{ContainerFilter, SandboxFilter};
 use evlet_testkit::eventually;
 use support::{IMAGE, World, e2e, running};
@@ -30,6 +31,29 @@ fn sleeper(name: &str) -> String {
     )
 }
 
+/// Every sandbox and container in the runtime. A list call that fails is
+/// retried for a minute: with hundreds of pods being torn down on two cores a
+/// list can outlast the client's 15 s deadline, and that says nothing about
+/// what the agent left behind.
+async fn runtime_listing(w: &World) -> (Vec<PodSandbox>, Vec<Container>) {
+    let started = std::time::Instant::now();
+    loop {
+        let listing = async {
+            let sandboxes = w.client.list_pod_sandbox(SandboxFilter::new()).await?;
+            let containers = w.client.list_containers(ContainerFilter::new()).await?;
+            Ok::<_, evlet_cri::Error>((sandboxes, containers))
+        };
+        match listing.await {
+            Ok(listing) => return listing,
+            Err(err) if started.elapsed() < Duration::from_secs(60) => {
+                eprintln!("listing the runtime's objects failed, retrying: {err}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(err) => panic!("the runtime's objects cannot be listed for a minute: {err}"),
+        }
+    }
+}
+
 /// IDs of this test's sandboxes and containers still in the runtime.
 async fn leftovers(w: &World) -> (Vec<String>, Vec<String>) {
     let ours = |labels: &std::collections::HashMap<String, String>| {
@@ -37,25 +61,19 @@ async fn leftovers(w: &World) -> (Vec<String>, Vec<String>) {
             .get(labels::POD_NAME)
             .is_some_and(|n| n.ends_with(&format!("-{}", w.name)))
     };
-    let sandboxes = w
-        .client
-        .list_pod_sandbox(SandboxFilter::new())
-        .await
-        .expect("list sandboxes")
-        .into_iter()
-        .filter(|s| ours(&s.labels))
-        .map(|s| s.id)
-        .collect();
-    let containers = w
-        .client
-        .list_containers(ContainerFilter::new())
-        .await
-        .expect("list containers")
-        .into_iter()
-        .filter(|c| ours(&c.labels))
-        .map(|c| c.id)
-        .collect();
-    (sandboxes, containers)
+    let (sandboxes, containers) = runtime_listing(w).await;
+    (
+        sandboxes
+            .into_iter()
+            .filter(|s| ours(&s.labels))
+            .map(|s| s.id)
+            .collect(),
+        containers
+            .into_iter()
+            .filter(|c| ours(&c.labels))
+            .map(|c| c.id)
+            .collect(),
+    )
 }
 
 /// Pod cgroups (`pod<uid>` directories) under the test's cgroup root, in every hierarchy.
@@ -91,21 +109,11 @@ fn collect_pod_dirs(dir: &Path, found: &mut Vec<PathBuf>) {
 /// ID component the runtime does not list), plus anything mounted under the
 /// agent's root directory.
 async fn stale_mounts(w: &World) -> Vec<String> {
-    let live: BTreeSet<String> = w
-        .client
-        .list_pod_sandbox(SandboxFilter::new())
-        .await
-        .expect("list sandboxes")
+    let (sandboxes, containers) = runtime_listing(w).await;
+    let live: BTreeSet<String> = sandboxes
         .into_iter()
         .map(|s| s.id)
-        .chain(
-            w.client
-                .list_containers(ContainerFilter::new())
-                .await
-                .expect("list containers")
-                .into_iter()
-                .map(|c| c.id),
-        )
+        .chain(containers.into_iter().map(|c| c.id))
         .collect();
     let root = w.root.path().display().to_string();
     let node = w.node.node_dir.clone();
@@ -175,7 +183,12 @@ async fn many_pods_and_a_burst_deleted_while_starting_leave_nothing_behind() {
                 "the runtime holds nothing of the test's pods",
                 || async {
                     let (s, c) = leftovers(&w).await;
-                    (s.is_empty() && c.is_empty()).then_some(())
+                    if s.is_empty() && c.is_empty() {
+                        return Some(());
+                    }
+                    // Whole-runtime lists are heavy while hundreds of pods go.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    None
                 },
             )
             .await;
