@@ -10,17 +10,23 @@
 //! first cut to an equal share of it and then the oldest instances node-wide
 //! go until the node holds no more than that.
 //!
+//! A pod whose content should be removed (upstream's
+//! `ShouldPodContentBeRemoved`: an evicted pod) keeps nothing: every dead
+//! instance of its containers goes, and then its stopped sandboxes
+//! ([`dead_sandboxes`]); its status keeps the containers' terminated states
+//! (see `status::compute`).
+//!
 //! [`Reclaim`] is how the eviction manager asks the sync loop (which owns the
 //! pod cache the decision reads) for a collection now, as upstream's
 //! node-level reclaim calls `DeleteAllUnusedContainers` before it evicts a
 //! pod for disk.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use evlet_cri::ContainerId;
+use evlet_cri::{ContainerId, SandboxId};
 
 use crate::pod::PodUid;
 use crate::runtime::{PodStatus, State};
@@ -90,11 +96,13 @@ impl Reclaim {
     }
 }
 
-/// The dead containers of `pods` to remove at `now_ns` under `policy`.
+/// The dead containers of `pods` to remove at `now_ns` under `policy`; every
+/// one old enough of the pods in `remove_all` (evicted pods).
 pub fn evictable<'a>(
     pods: impl IntoIterator<Item = &'a PodStatus>,
     policy: &Policy,
     now_ns: i64,
+    remove_all: &BTreeSet<PodUid>,
 ) -> Vec<Dead> {
     let newest_allowed =
         now_ns.saturating_sub(i64::try_from(policy.min_age.as_nanos()).unwrap_or(i64::MAX));
@@ -117,6 +125,14 @@ pub fn evictable<'a>(
         unit.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
     }
     let mut removed = Vec::new();
+    units.retain(|(uid, _), unit| {
+        if remove_all.contains(*uid) {
+            removed.append(unit);
+            false
+        } else {
+            true
+        }
+    });
     let mut keep_per_unit = |units: &mut BTreeMap<_, Vec<Dead>>, keep: usize| {
         for unit in units.values_mut() {
             if unit.len() > keep {
@@ -141,6 +157,20 @@ pub fn evictable<'a>(
         }
     }
     removed
+}
+
+/// The sandboxes of an evicted pod to remove once `dead` (this collection's
+/// containers) are gone: the stopped ones, when no container of the pod is
+/// left (upstream's sandbox GC keeps a sandbox that still has containers).
+pub fn dead_sandboxes(pod: &PodStatus, dead: &[ContainerId]) -> Vec<SandboxId> {
+    if pod.containers.iter().any(|c| !dead.contains(&c.id)) {
+        return Vec::new();
+    }
+    pod.sandboxes
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.id.clone())
+        .collect()
 }
 
 #[cfg(test)]
@@ -176,8 +206,45 @@ mod tests {
                 instance("b", 2, State::Exited),
             ],
         );
-        let gone = evictable(&[p], &Policy::default(), 100);
+        let gone = evictable(&[p], &Policy::default(), 100, &BTreeSet::new());
         assert_eq!(ids(&gone), ["a1", "a2"], "a3 stays: it is a's last state");
+    }
+
+    #[test]
+    fn an_evicted_pod_keeps_no_dead_container_and_then_no_sandbox() {
+        let mut evicted = pod(
+            "e",
+            vec![
+                instance("a", 3, State::Exited),
+                instance("a", 1, State::Exited),
+                instance("b", 2, State::Exited),
+                instance("c", 95, State::Exited),
+            ],
+        );
+        evicted.sandboxes.push(crate::runtime::SandboxStatus {
+            id: SandboxId::new("s"),
+            ready: false,
+            created_at: 1,
+            attempt: 0,
+            ip: None,
+        });
+        let other = pod("p", vec![instance("a", 2, State::Exited)]);
+        let remove_all = BTreeSet::from([PodUid::from("e")]);
+        let policy = Policy {
+            min_age: Duration::from_nanos(10),
+            ..Policy::default()
+        };
+        // c95 is younger than the minimum age: it and the sandbox stay.
+        let gone = evictable([&evicted, &other], &policy, 100, &remove_all);
+        assert_eq!(ids(&gone), ["a1", "a3", "b2"]);
+        let dead: Vec<ContainerId> = gone.iter().map(|d| d.id.clone()).collect();
+        assert!(dead_sandboxes(&evicted, &dead).is_empty());
+        // Later every container goes, and with them the stopped sandbox.
+        let gone = evictable([&evicted, &other], &policy, 200, &remove_all);
+        let dead: Vec<ContainerId> = gone.iter().map(|d| d.id.clone()).collect();
+        assert_eq!(dead_sandboxes(&evicted, &dead), [SandboxId::new("s")]);
+        // A pod not evicted keeps its newest dead instance and its sandbox.
+        assert!(!dead.contains(&ContainerId::new("a2")));
     }
 
     #[test]
@@ -195,7 +262,10 @@ mod tests {
             ..Policy::default()
         };
         // At 100 only a50 and a10 are old enough: a50 is the unit's newest.
-        assert_eq!(ids(&evictable(&[p], &policy, 100)), ["a10"]);
+        assert_eq!(
+            ids(&evictable(&[p], &policy, 100, &BTreeSet::new())),
+            ["a10"]
+        );
     }
 
     #[test]
@@ -222,25 +292,31 @@ mod tests {
             max_containers: -1,
             ..Policy::default()
         };
-        assert!(evictable(&pods, &unlimited, 100).is_empty());
+        assert!(evictable(&pods, &unlimited, 100, &BTreeSet::new()).is_empty());
         // 5 dead, limit 4 over 3 units: share 1 each (a10, b7, c1 stay).
         let node = Policy {
             max_per_pod_container: -1,
             max_containers: 4,
             ..Policy::default()
         };
-        assert_eq!(ids(&evictable(&pods, &node, 100)), ["a8", "a9"]);
+        assert_eq!(
+            ids(&evictable(&pods, &node, 100, &BTreeSet::new())),
+            ["a8", "a9"]
+        );
         // Limit 2: the share is still 1, then the oldest of those go.
         let tight = Policy {
             max_containers: 2,
             ..node
         };
-        assert_eq!(ids(&evictable(&pods, &tight, 100)), ["a8", "a9", "c1"]);
+        assert_eq!(
+            ids(&evictable(&pods, &tight, 100, &BTreeSet::new())),
+            ["a8", "a9", "c1"]
+        );
         // Limit 0: every dead container.
         let none = Policy {
             max_containers: 0,
             ..node
         };
-        assert_eq!(evictable(&pods, &none, 100).len(), 5);
+        assert_eq!(evictable(&pods, &none, 100, &BTreeSet::new()).len(), 5);
     }
 }

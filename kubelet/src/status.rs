@@ -112,14 +112,32 @@ fn started_ready(
     (started, started && passed(ProbeKind::Readiness))
 }
 
+/// The status named `name` among `statuses`.
+fn before<'a>(
+    statuses: Option<&'a Vec<V1ContainerStatus>>,
+    name: &str,
+) -> Option<&'a V1ContainerStatus> {
+    statuses.and_then(|all| all.iter().find(|st| st.name == name))
+}
+
 fn container_status(
     spec: &Container,
     runtime: &PodStatus,
     waiting: Option<&Waiting>,
     probes: Option<&PodProbes>,
     run_to_completion: bool,
+    previous: Option<&V1ContainerStatus>,
 ) -> V1ContainerStatus {
     let latest = runtime.latest(&spec.name);
+    // A container that terminated and is gone from the runtime since (the
+    // container GC removed an evicted pod's containers) keeps the terminated
+    // status it had, as upstream's `convertToAPIContainerStatuses` keeps it.
+    if latest.is_none()
+        && let Some(before) =
+            previous.filter(|p| p.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+    {
+        return before.clone();
+    }
     let mut state = match latest {
         Some(c) => state_of(c),
         None => ContainerState {
@@ -301,6 +319,10 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
     }
     let spec = pod.spec.clone().unwrap_or_default();
     let waiting = |name: &str| extra.waiting.and_then(|w| w.get(name));
+    let previous_inits = extra
+        .previous
+        .and_then(|p| p.init_container_statuses.as_ref());
+    let previous_apps = extra.previous.and_then(|p| p.container_statuses.as_ref());
     let init_statuses: Vec<V1ContainerStatus> = spec
         .init_containers
         .iter()
@@ -313,6 +335,7 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
                 waiting(&c.name),
                 extra.probes,
                 run_to_completion,
+                before(previous_inits, &c.name),
             )
         })
         .collect();
@@ -339,7 +362,16 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
     let statuses: Vec<V1ContainerStatus> = spec
         .containers
         .iter()
-        .map(|c| container_status(c, runtime, waiting(&c.name), extra.probes, false))
+        .map(|c| {
+            container_status(
+                c,
+                runtime,
+                waiting(&c.name),
+                extra.probes,
+                false,
+                before(previous_apps, &c.name),
+            )
+        })
         .collect();
     let phase = if extra.failure.is_some() {
         "Failed"
@@ -643,6 +675,51 @@ mod tests {
                 .and_then(|s| s.running.as_ref())
                 .is_some()
         );
+    }
+
+    #[test]
+    fn a_terminated_container_gone_from_the_runtime_keeps_its_status() {
+        let p = pod("Always");
+        let failure = Some(("Evicted", "The node was low on resource: memory. "));
+        let killed = runtime(vec![
+            instance("init", State::Exited, 0, "Completed", 0, 10),
+            instance("app", State::Exited, 137, "Error", 2, 20),
+        ]);
+        let first = compute(
+            &p,
+            &killed,
+            &Extra {
+                failure,
+                ..Default::default()
+            },
+        );
+        // The container GC removed the evicted pod's containers.
+        let mut gone = killed.clone();
+        gone.containers.clear();
+        let after = compute(
+            &p,
+            &gone,
+            &Extra {
+                failure,
+                previous: Some(&first),
+                ..Default::default()
+            },
+        );
+        assert_eq!(after.container_statuses, first.container_statuses);
+        assert_eq!(after.init_container_statuses, first.init_container_statuses);
+        let app = &after.container_statuses.as_ref().expect("statuses")[0];
+        assert_eq!(
+            app.state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .map(|t| t.exit_code),
+            Some(137)
+        );
+        assert_eq!(app.restart_count, 2);
+        // Without a terminated status before, a missing container is waiting.
+        let fresh = compute(&p, &gone, &Extra::default());
+        let app = &fresh.container_statuses.as_ref().expect("statuses")[0];
+        assert!(app.state.as_ref().is_some_and(|s| s.waiting.is_some()));
     }
 
     #[test]

@@ -504,11 +504,24 @@ impl SyncLoop {
             let syncer = Arc::clone(&self.syncer);
             tokio::spawn(async move { syncer.clean_orphan_dirs(keep).await });
         }
+        // Evicted pods keep no container (upstream's ShouldPodContentBeRemoved,
+        // once all sources are ready).
+        let evicted: BTreeSet<PodUid> = if self.config.sources_ready() {
+            self.workers
+                .views()
+                .into_iter()
+                .filter(|v| crate::eviction::is_evicted(&v.status))
+                .map(|v| pod::uid(&v.pod))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
         let known = self.cache.known();
         let dead = crate::container_gc::evictable(
             known.iter().map(|p| &**p),
             &self.container_gc,
             crate::clock::unix_ns(),
+            &evicted,
         );
         let removed = dead.len();
         let mut by_pod: BTreeMap<PodUid, Vec<evlet_cri::ContainerId>> = BTreeMap::new();
@@ -520,6 +533,11 @@ impl SyncLoop {
             let Some(ids) = by_pod.remove(&status.uid) else {
                 continue;
             };
+            let sandboxes = if evicted.contains(&status.uid) {
+                crate::container_gc::dead_sandboxes(&status, &ids)
+            } else {
+                Vec::new()
+            };
             let syncer = Arc::clone(&self.syncer);
             let hints = self.hints.clone();
             removals.push(tokio::spawn(async move {
@@ -528,6 +546,7 @@ impl SyncLoop {
                     h.suspend(status.uid.clone());
                 }
                 syncer.remove_dead(&status, &ids).await;
+                syncer.remove_sandboxes(&sandboxes).await;
                 if let Some(h) = &hints {
                     h.resume(status.uid.clone(), true);
                 }

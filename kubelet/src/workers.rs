@@ -472,6 +472,8 @@ impl Worker {
         let mut failure: Option<(String, String)> = None;
         // Set when the source deleted the pod (its kill is not a failure's).
         let mut deleted = false;
+        // Set once a finished pod's volumes and cgroup are released.
+        let mut released = false;
         let mut errors = Retry::fixed(ERROR_BACKOFF).jitter(0.5, 1.0);
         // When the pod started on this node: set at its first sync.
         let mut start_time: Option<Time> = None;
@@ -707,6 +709,15 @@ impl Worker {
                         return;
                     };
                     last_sync = Some(Instant::now());
+                    if !released {
+                        match self.shared.syncer.release_finished(&current).await {
+                            Ok(()) => released = true,
+                            Err(e) => {
+                                tracing::warn!(pod = %pod::key(&current), error = %e, "releasing a failed pod's volumes failed; retrying");
+                                next_resync = Some(Instant::now() + Duration::from_secs(1));
+                            }
+                        }
+                    }
                     let extra = status::Extra {
                         start_time: start_time.clone(),
                         host_ip: host_ip.as_deref(),

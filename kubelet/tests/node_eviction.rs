@@ -318,6 +318,8 @@ async fn local_storage_over_its_limits_evicts_its_pod_only() {
             let api = MockApi::new();
             let mut config = w.config();
             config.api = Some(ApiClient::over(api.service()));
+            // The container GC every 2 s (upstream: every minute).
+            config.container_gc.period = Duration::from_secs(2);
             let agent = w.start_with(config).await;
             let filler = |mib: u32| {
                 json!({
@@ -369,6 +371,56 @@ async fn local_storage_over_its_limits_evicts_its_pod_only() {
                     .iter()
                     .any(|e| e.reason == "Evicted" && e.pod == over && e.kind == "Warning"),
                 "an Evicted event"
+            );
+            // As upstream, the evicted pod keeps nothing on the node: its
+            // emptyDir's content goes with its volumes, and the container GC
+            // removes its containers and sandbox, while its status keeps the
+            // container's terminated state.
+            let uid = failed["metadata"]["uid"].as_str().expect("uid").to_owned();
+            let pod_dir = w.root.path().join("pods").join(&uid);
+            eventually(
+                Duration::from_secs(10),
+                "the evicted pod's volumes removed",
+                || async { (!pod_dir.exists()).then_some(()) },
+            )
+            .await;
+            eventually(
+                Duration::from_secs(20),
+                "the evicted pod's containers and sandbox removed",
+                || async {
+                    let (sandboxes, containers) = w.runtime_objects("over").await;
+                    (sandboxes.is_empty() && containers.is_empty()).then_some(())
+                },
+            )
+            .await;
+            // A status computed after the removal (a changed pod makes the
+            // worker compute one) still shows it.
+            api.modify("pods", "default", &over, |pod| {
+                pod["metadata"]["labels"] = json!({"touched": "after-gc"});
+            });
+            let recomputed = eventually(
+                Duration::from_secs(10),
+                "a status computed for the changed pod",
+                || async {
+                    agent.handles.workers.views().into_iter().find_map(|v| {
+                        let labels = v.pod.metadata.labels.as_ref()?;
+                        (v.pod.metadata.name.as_deref() == Some(over.as_str())
+                            && labels.get("touched").map(String::as_str) == Some("after-gc"))
+                        .then_some(v.status)
+                    })
+                },
+            )
+            .await;
+            assert_eq!(recomputed.phase.as_deref(), Some("Failed"));
+            let app = support::container(&recomputed, "app").expect("app's status");
+            assert!(
+                app.state.as_ref().is_some_and(|s| s.terminated.is_some()),
+                "the terminated state stays: {app:?}"
+            );
+            let patched = api.get("pods", "default", &over).expect("pod");
+            assert!(
+                patched["status"]["containerStatuses"][0]["state"]["terminated"].is_object(),
+                "the terminated state stays: {patched:#}"
             );
             // The writable layer's usage comes from the runtime's snapshot
             // statistics (containerd refreshes them every 10 s).

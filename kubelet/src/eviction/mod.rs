@@ -133,6 +133,12 @@ pub struct EvictionManager {
     stuck: AtomicBool,
 }
 
+/// Was the pod evicted (upstream's `PodIsEvicted`: phase Failed, reason
+/// `Evicted`)? Its containers and sandboxes are then removed by the GC.
+pub fn is_evicted(status: &k8s_openapi::api::core::v1::PodStatus) -> bool {
+    status.phase.as_deref() == Some("Failed") && status.reason.as_deref() == Some("Evicted")
+}
+
 /// Upstream's admission under pressure: critical pods always; under memory
 /// pressure alone, pods that are not BestEffort or that tolerate the
 /// memory-pressure taint; under any other pressure, nothing else.

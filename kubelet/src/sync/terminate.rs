@@ -249,16 +249,30 @@ impl Syncer {
                 .await
                 .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })?;
         }
+        self.release_finished(pod).await?;
+        let logs = spec::log_dir(&self.node, pod);
+        let _ = std::fs::remove_dir_all(logs);
+        self.forget(&pod::uid(pod));
+        Ok(())
+    }
+
+    /// Frees what a pod that failed while running (evicted, past its active
+    /// deadline) no longer needs, as upstream's `SyncTerminatedPod` does for
+    /// a terminal pod: its volumes are unmounted and removed (an emptyDir's
+    /// content with them) and its cgroup goes. Its stopped containers and
+    /// sandbox stay for its status and logs until the pod is removed (an
+    /// evicted pod's: until the container GC removes them).
+    ///
+    /// # Errors
+    /// A volume that could not be unmounted (the worker tries again).
+    pub async fn release_finished(&self, pod: &Pod) -> Result<(), SyncError> {
         let volumes = Arc::clone(&self.volumes);
         let uid = pod::uid(pod).0;
         tokio::task::spawn_blocking(move || volumes.tear_down(&uid))
             .await
             .map_err(|e| SyncError::TearDown(std::io::Error::other(e)))?
             .map_err(SyncError::TearDown)?;
-        let logs = spec::log_dir(&self.node, pod);
-        let _ = std::fs::remove_dir_all(logs);
         self.cgroups().remove_pod(pod).await;
-        self.forget(&pod::uid(pod));
         Ok(())
     }
 
@@ -286,14 +300,27 @@ impl Syncer {
 
     /// Removes the dead container instances `ids` of the pod `status` (the
     /// container GC's choice) and their log links. Dead sandboxes stay until
-    /// the pod is removed: removing one removes its containers, and the newest
-    /// instance of a container (its restart count) may live in it.
+    /// the pod is removed (an evicted pod's: until its containers are gone):
+    /// removing one removes its containers, and the newest instance of a
+    /// container (its restart count) may live in it.
     pub async fn remove_dead(&self, status: &PodStatus, ids: &[ContainerId]) {
         for id in ids {
             if self.client.remove_container(id).await.is_ok()
                 && let Some(c) = status.containers.iter().find(|c| &c.id == id)
             {
                 self.unlink_log(status, &c.name, id);
+            }
+        }
+    }
+
+    /// Removes the stopped sandboxes `ids` of an evicted pod (the container
+    /// GC's choice, once the pod's containers are gone).
+    pub async fn remove_sandboxes(&self, ids: &[evlet_cri::SandboxId]) {
+        for id in ids {
+            if let Err(e) = self.client.remove_pod_sandbox(id).await
+                && !e.is_not_found()
+            {
+                tracing::warn!(sandbox = %id, error = %e, "cannot remove an evicted pod's sandbox");
             }
         }
     }
