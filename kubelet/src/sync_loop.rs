@@ -164,6 +164,9 @@ impl SyncLoop {
                 _ = housekeeping.tick() => self.housekeeping().await,
                 _ = gc.tick() => {
                     self.container_gc();
+                    // Pods that finished since leave the QoS shares (upstream
+                    // brings the QoS cgroups in line every minute).
+                    self.qos_stale = true;
                 }
                 Some(reply) = reclaim.recv() => {
                     let (removed, removals) = self.container_gc();
@@ -284,10 +287,12 @@ impl SyncLoop {
             return true;
         }
         let used = usage.get_or_insert_with(|| {
+            // Active pods only (upstream's `GetActivePods`): a finished pod's
+            // requests are free again.
             Usage::of(
                 self.pods
                     .iter()
-                    .filter(|(u, _)| !api.rejected.contains(*u))
+                    .filter(|(u, _)| !api.rejected.contains(*u) && !self.workers.is_terminal(u))
                     .map(|(_, p)| p),
             )
         });
@@ -460,6 +465,14 @@ impl SyncLoop {
         }
     }
 
+    /// The desired pods that are still active: not Succeeded or Failed
+    /// (upstream's `GetActivePods`, what admission and the QoS shares count).
+    fn active_pods(&self) -> impl Iterator<Item = (&PodUid, &Pod)> {
+        self.pods
+            .iter()
+            .filter(|(uid, _)| !self.workers.is_terminal(uid))
+    }
+
     /// Orphans: pods the runtime has that no source wants and no worker owns.
     /// Only once every source has reported (`sourcesReady`), like upstream.
     async fn housekeeping(&mut self) {
@@ -467,7 +480,8 @@ impl SyncLoop {
         // The burstable tier's CPU shares follow its desired pods' requests:
         // summed again only after the pods changed, written only when the sum did.
         if self.qos_stale {
-            match self.syncer.cgroups().update_qos(self.pods.values()).await {
+            let active: Vec<&Pod> = self.active_pods().map(|(_, p)| p).collect();
+            match self.syncer.cgroups().update_qos(active).await {
                 Ok(()) => self.qos_stale = false,
                 Err(e) => tracing::warn!(error = %e, "cannot update the QoS cgroups"),
             }

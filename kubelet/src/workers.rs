@@ -314,6 +314,15 @@ impl PodWorkers {
             .cloned()
     }
 
+    /// Has the pod's computed status a terminal phase (Succeeded, Failed)?
+    /// Such a pod is no longer active: its requests count toward neither
+    /// admission nor the QoS shares (upstream's `filterOutInactivePods`).
+    pub fn is_terminal(&self, uid: &PodUid) -> bool {
+        lock(&self.shared.views)
+            .get(uid)
+            .is_some_and(|v| matches!(v.status.phase.as_deref(), Some("Succeeded" | "Failed")))
+    }
+
     /// The view of one pod.
     pub fn view(&self, uid: &PodUid) -> Option<PodView> {
         lock(&self.shared.views).get(uid).cloned()

@@ -308,6 +308,43 @@ async fn a_pod_that_does_not_fit_is_rejected_out_of_cpu_and_never_started() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_finished_pods_requests_are_free_for_the_next_pod() {
+    e2e(
+        "a_finished_pods_requests_are_free_for_the_next_pod",
+        |w| async move {
+            let api = MockApi::new();
+            let agent = start(&w, &api).await;
+            let node = api.get("nodes", "", &w.name).expect("the Node");
+            let allocatable = node["status"]["allocatable"]["cpu"]
+                .as_str()
+                .and_then(|q| evlet::quantity::parse_milli(q).ok())
+                .expect("allocatable cpu");
+            // Each pod asks for three quarters of the node's CPU: two never fit together.
+            let request = format!("{}m", allocatable * 3 / 4);
+            let job = |name: &str, command: &str| {
+                api_pod(&w, name, json!({
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": IMAGE, "command": ["sh", "-c", command],
+                                    "resources": {"requests": {"cpu": request}}}]
+                }))
+            };
+            api.create("pods", "default", job("first", "exit 0"));
+            wait_api_phase(&api, &w.pod_name("first"), "Succeeded", Duration::from_secs(60)).await;
+            // Upstream admits against its active pods: the Succeeded one no longer counts.
+            api.create("pods", "default", job("second", "exec sleep 3600"));
+            wait_api_phase(&api, &w.pod_name("second"), "Running", Duration::from_secs(60)).await;
+            // While the second runs, a third of the same size does not fit.
+            api.create("pods", "default", job("third", "exec sleep 3600"));
+            let third = wait_api_phase(&api, &w.pod_name("third"), "Failed", Duration::from_secs(30)).await;
+            assert_eq!(third["status"]["reason"], "OutOfcpu", "{third:#}");
+            api.delete_pod("default", &w.pod_name("second"), Some(0));
+            agent.stop().await;
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_api_outage_keeps_pods_running_and_statuses_arrive_after_it() {
     e2e(
         "an_api_outage_keeps_pods_running_and_statuses_arrive_after_it",
