@@ -9,6 +9,9 @@
 //! once with the kernel's memory notification and once with the 10 s timer
 //! alone, and prints both latencies side by side.
 //!
+//! A BestEffort pod is evicted before a Guaranteed one that uses more memory
+//! but stays within its request (upstream ranks by usage over requests first).
+//!
 //! An emptyDir written past its `sizeLimit`, and a container writing past its
 //! `limits.ephemeral-storage`, evict their pods, and only them.
 
@@ -305,6 +308,82 @@ async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
                 timer <= Duration::from_secs(12),
                 "the timer took {timer:?} (its period is 10 s)"
             );
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more() {
+    e2e(
+        "a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more",
+        |w| async move {
+            let _lock = tokio::task::spawn_blocking(|| support::node_memory_lock(true))
+                .await
+                .expect("lock");
+            let api = MockApi::new();
+            let threshold = available().saturating_sub(MARGIN);
+            let mut config = w.config();
+            config.api = Some(ApiClient::over(api.service()));
+            config.eviction =
+                evlet::eviction::thresholds::parse(&evlet::eviction::thresholds::Config {
+                    hard: Some(
+                        [(
+                            "memory.available".to_owned(),
+                            format!("{}Ki", threshold >> 10),
+                        )]
+                        .into(),
+                    ),
+                    ..Default::default()
+                })
+                .expect("valid thresholds");
+            let agent = w.start_with(config).await;
+            api.create(
+                "pods",
+                "default",
+                api_pod(&w, "besteffort", sleeper(json!({}))),
+            );
+            let besteffort = w.pod_name("besteffort");
+            phase(&api, &besteffort, "Running", Duration::from_secs(30)).await;
+            // The Guaranteed pod takes the node past the threshold, within its
+            // own request: upstream ranks pods whose usage exceeds their
+            // requests first (a BestEffort pod's request is 0), however much
+            // more the others use.
+            let request = format!("{}Mi", HOG_MIB + 512);
+            api.create(
+                "pods",
+                "default",
+                api_pod(
+                    &w,
+                    "guaranteed",
+                    json!({"containers": [{"name": "hog", "image": IMAGE,
+                                           "command": ["/bin/memhog", HOG_MIB.to_string()],
+                                           "resources": {"requests": {"memory": request, "cpu": "100m"},
+                                                         "limits": {"memory": request, "cpu": "100m"}}}],
+                           "terminationGracePeriodSeconds": 1}),
+                ),
+            );
+            let guaranteed = w.pod_name("guaranteed");
+            let failed = phase(&api, &besteffort, "Failed", Duration::from_secs(60)).await;
+            assert_eq!(failed["status"]["reason"], "Evicted", "{failed:#}");
+            let message = failed["status"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("Container app was using ")
+                    && message.ends_with(", request is 0, has larger consumption of memory. "),
+                "{message}"
+            );
+            // The first eviction was the BestEffort pod's.
+            let evicted: Vec<String> = agent
+                .handles
+                .diagnostics
+                .events()
+                .into_iter()
+                .filter(|e| e.reason == "Evicted")
+                .map(|e| e.pod)
+                .collect();
+            assert_eq!(evicted.first(), Some(&besteffort), "{evicted:?}");
+            api.delete_pod("default", &guaranteed, Some(0));
+            agent.stop().await;
         },
     )
     .await;
