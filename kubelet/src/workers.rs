@@ -447,6 +447,26 @@ impl Worker {
         });
     }
 
+    /// Releases a pod that will run nothing again ([`Syncer::release_finished`]),
+    /// once; a failure is tried again in a second.
+    async fn release_once(
+        &self,
+        released: &mut bool,
+        pod: &Pod,
+        next_resync: &mut Option<Instant>,
+    ) {
+        if *released {
+            return;
+        }
+        match self.shared.syncer.release_finished(pod).await {
+            Ok(()) => *released = true,
+            Err(e) => {
+                tracing::warn!(pod = %pod::key(pod), error = %e, "releasing a finished pod's volumes failed; retrying");
+                *next_resync = Some(Instant::now() + Duration::from_secs(1));
+            }
+        }
+    }
+
     /// Waits for a cache entry newer than `since`, unless shutting down. In the
     /// hinted PLEG modes nothing relists a quiet pod by itself, so the worker asks
     /// (the dispatcher relists it or proves it quiet).
@@ -643,6 +663,23 @@ impl Worker {
                     }
                     let extra = sync_extra(&waiting, &started_at, host_ip.as_deref(), failed);
                     self.publish(&mut published, &current, &runtime, &extra, Phase::Sync);
+                    // A pod that completed (Succeeded, or Failed under its
+                    // restart policy) runs nothing again: once its sandbox
+                    // is stopped its volumes and cgroup go, as upstream's
+                    // SyncTerminatedPod frees a terminal pod's.
+                    let terminal = published
+                        .as_ref()
+                        .and_then(|p| p.status.as_ref())
+                        .is_some_and(|s| {
+                            matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
+                        });
+                    if terminal
+                        && !runtime.any_running()
+                        && runtime.sandboxes.iter().all(|s| !s.ready)
+                    {
+                        self.release_once(&mut released, &current, &mut next_resync)
+                            .await;
+                    }
                 }
                 Phase::Terminating(grace) => {
                     let since =
@@ -718,15 +755,8 @@ impl Worker {
                         return;
                     };
                     last_sync = Some(Instant::now());
-                    if !released {
-                        match self.shared.syncer.release_finished(&current).await {
-                            Ok(()) => released = true,
-                            Err(e) => {
-                                tracing::warn!(pod = %pod::key(&current), error = %e, "releasing a failed pod's volumes failed; retrying");
-                                next_resync = Some(Instant::now() + Duration::from_secs(1));
-                            }
-                        }
-                    }
+                    self.release_once(&mut released, &current, &mut next_resync)
+                        .await;
                     let extra = status::Extra {
                         start_time: start_time.clone(),
                         host_ip: host_ip.as_deref(),

@@ -302,6 +302,34 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                 "{:?}",
                 summary.pods[0].process_stats
             );
+            // A pod that completed keeps neither its cgroup nor its volumes
+            // (upstream's SyncTerminatedPod), while it stays Succeeded.
+            let mut done = api_pod(&w, "done", json!({"requests": {"cpu": "10m"}}));
+            done["spec"]["restartPolicy"] = json!("Never");
+            done["spec"]["containers"][0]["command"] = json!(["true"]);
+            done["spec"]["containers"][0]["volumeMounts"] =
+                json!([{"name": "scratch", "mountPath": "/scratch"}]);
+            done["spec"]["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
+            api.create("pods", "default", done);
+            let d = path(&["kubepods", "burstable", &format!("pod{}", uid("done"))]);
+            let done_dir = w.root.path().join("pods").join(uid("done"));
+            agent
+                .wait_status(
+                    &w.pod_name("done"),
+                    "Succeeded",
+                    Duration::from_secs(30),
+                    |s| (s.phase.as_deref() == Some("Succeeded")).then_some(()),
+                )
+                .await;
+            eventually(
+                Duration::from_secs(20),
+                "the completed pod's cgroup and directory removed",
+                || async { (!cg.exists(&d) && !done_dir.exists()).then_some(()) },
+            )
+            .await;
+            // The burstable tier's shares leave it once the QoS cgroups are
+            // brought in line (every minute; not waited for here).
+            api.delete_pod("default", &w.pod_name("done"), Some(0));
             // An orphan's cgroup goes too: the burstable pod, deleted while
             // the agent is down, is found in the runtime with no spec to tell
             // its QoS class.
