@@ -163,13 +163,13 @@ impl SyncLoop {
                 }
                 _ = housekeeping.tick() => self.housekeeping().await,
                 _ = gc.tick() => {
-                    self.container_gc();
+                    self.container_gc(false);
                     // Pods that finished since leave the QoS shares (upstream
                     // brings the QoS cgroups in line every minute).
                     self.qos_stale = true;
                 }
                 Some(reply) = reclaim.recv() => {
-                    let (removed, removals) = self.container_gc();
+                    let (removed, removals) = self.container_gc(true);
                     tokio::spawn(async move {
                         for r in removals {
                             let _ = r.await;
@@ -502,8 +502,10 @@ impl SyncLoop {
     }
 
     /// One container collection: how many dead containers it removes, and
-    /// the tasks removing them.
-    fn container_gc(&mut self) -> (usize, Vec<tokio::task::JoinHandle<()>>) {
+    /// the tasks removing them. A node-level reclaim (`reclaim`, the eviction
+    /// manager's) also takes every dead container and stopped sandbox of the
+    /// pods that finished (upstream's `evictNonDeletedPods`).
+    fn container_gc(&mut self, reclaim: bool) -> (usize, Vec<tokio::task::JoinHandle<()>>) {
         // Pod directories of pods neither desired, nor worked on, nor in the
         // runtime: left by an agent that went down mid-way (once sources are
         // ready, like orphaned pods).
@@ -519,12 +521,16 @@ impl SyncLoop {
             tokio::spawn(async move { syncer.clean_orphan_dirs(keep).await });
         }
         // Evicted pods keep no container (upstream's ShouldPodContentBeRemoved,
-        // once all sources are ready).
-        let evicted: BTreeSet<PodUid> = if self.config.sources_ready() {
+        // once all sources are ready), nor finished ones in a reclaim.
+        let remove_all: BTreeSet<PodUid> = if self.config.sources_ready() {
             self.workers
                 .views()
                 .into_iter()
-                .filter(|v| crate::eviction::is_evicted(&v.status))
+                .filter(|v| {
+                    crate::eviction::is_evicted(&v.status)
+                        || (reclaim
+                            && matches!(v.status.phase.as_deref(), Some("Succeeded" | "Failed")))
+                })
                 .map(|v| pod::uid(&v.pod))
                 .collect()
         } else {
@@ -535,7 +541,7 @@ impl SyncLoop {
             known.iter().map(|p| &**p),
             &self.container_gc,
             crate::clock::unix_ns(),
-            &evicted,
+            &remove_all,
         );
         let removed = dead.len();
         let mut by_pod: BTreeMap<PodUid, Vec<evlet_cri::ContainerId>> = BTreeMap::new();
@@ -547,7 +553,7 @@ impl SyncLoop {
             let Some(ids) = by_pod.remove(&status.uid) else {
                 continue;
             };
-            let sandboxes = if evicted.contains(&status.uid) {
+            let sandboxes = if remove_all.contains(&status.uid) {
                 crate::container_gc::dead_sandboxes(&status, &ids)
             } else {
                 Vec::new()

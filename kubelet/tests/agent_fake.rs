@@ -310,14 +310,15 @@ async fn the_http_endpoint_serves_health_metrics_pods_and_oom_records() {
 /// The node-level reclaim's container collection (upstream's
 /// `DeleteAllUnusedContainers` before an eviction for disk) runs at once, not
 /// at the next GC period, waits until its removals are done and says how many
-/// there were.
+/// there were. As upstream's (`evictNonDeletedPods`), it takes a finished
+/// pod's newest dead instance too, and then its stopped sandbox, which the
+/// periodic collection keeps.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_container_reclaim_removes_the_dead_containers_at_once() {
     let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
     let client = RuntimeClient::connect(&server.endpoint(), Options::default()).expect("client");
     let agent = start(server, |c| {
-        // Keep no dead instance, and never collect on the timer.
-        c.container_gc.max_per_pod_container = 0;
+        // Never collect on the timer.
         c.container_gc.period = Duration::from_secs(3600);
     })
     .await;
@@ -354,6 +355,25 @@ async fn a_container_reclaim_removes_the_dead_containers_at_once() {
             .then_some(())
     })
     .await;
+    // The pod completed: Succeeded, its sandbox stopped.
+    eventually(
+        Duration::from_secs(10),
+        "the pod Succeeded, its sandbox stopped",
+        || async {
+            let done = agent.handles.workers.views().iter().any(|v| {
+                v.pod.metadata.name.as_deref() == Some("once-fake-node")
+                    && v.status.phase.as_deref() == Some("Succeeded")
+            });
+            let stopped = client
+                .list_pod_sandbox(SandboxFilter::new())
+                .await
+                .ok()?
+                .iter()
+                .all(|s| s.state == api::PodSandboxState::SandboxNotready as i32);
+            (done && stopped).then_some(())
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(containers().await.len(), 1, "the timer collected nothing");
     let removed = within(
@@ -364,6 +384,29 @@ async fn a_container_reclaim_removes_the_dead_containers_at_once() {
     .await;
     assert_eq!(removed, Some(1));
     assert!(containers().await.is_empty(), "removed before the answer");
+    let left = client
+        .list_pod_sandbox(SandboxFilter::new())
+        .await
+        .expect("sandboxes");
+    assert!(left.is_empty(), "the stopped sandbox goes too: {left:?}");
+    // The status keeps the container's terminated state.
+    let view = agent
+        .handles
+        .workers
+        .views()
+        .into_iter()
+        .find(|v| v.pod.metadata.name.as_deref() == Some("once-fake-node"))
+        .expect("the pod's view");
+    assert_eq!(view.status.phase.as_deref(), Some("Succeeded"));
+    let app = view
+        .status
+        .container_statuses
+        .as_ref()
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .expect("the terminated state");
+    assert_eq!(app.exit_code, 0);
 }
 
 /// The cgroup driver comes from the runtime when it says (`RuntimeConfig`,
