@@ -55,8 +55,8 @@ struct Args {
 
 /// Below the available memory at the agent's start.
 const MARGIN: u64 = 1 << 30;
-/// What each round allocates.
-const HOG: usize = 3 << 29;
+/// How far below the threshold each round's allocation takes the node.
+const PAST: u64 = 1 << 29;
 
 #[derive(Debug, Clone, Serialize)]
 struct Latency {
@@ -103,8 +103,9 @@ fn sample(threshold: u64, crossed: Arc<AtomicI64>, stop: Arc<AtomicBool>) {
     }
 }
 
-fn hog() -> Vec<u8> {
-    let mut v = vec![0_u8; HOG];
+/// Touches `bytes` of fresh memory and holds it.
+fn hog(bytes: usize) -> Vec<u8> {
+    let mut v = vec![0_u8; bytes];
     for i in (0..v.len()).step_by(4096) {
         v[i] = 1;
     }
@@ -206,7 +207,10 @@ async fn rounds_of(
             move || sample(threshold, c, s)
         });
         let round_start = evlet::clock::unix_ns();
-        let held = tokio::task::spawn_blocking(hog).await?;
+        // Sized from what is available now (the page cache moves it between
+        // rounds): the node ends `PAST` below the threshold.
+        let bytes = usize::try_from(available()?.saturating_sub(threshold) + PAST)?;
+        let held = tokio::task::spawn_blocking(move || hog(bytes)).await?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let found = loop {
             let at = crossed.load(Ordering::Relaxed);
@@ -220,11 +224,20 @@ async fn rounds_of(
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        let held_available = available()?;
         stop.store(true, Ordering::Relaxed);
         let _ = sampler.join();
         drop(held);
         let Some((at, (pass, trigger))) = found else {
-            bail!("round {round}: no pass noticed the crossing within 30 s");
+            let seen = crossed.load(Ordering::Relaxed) != 0;
+            bail!(
+                "round {round}: no pass noticed the crossing within 30 s (the sampler {} it; \
+                 {} MiB held, threshold {} MiB, available {} MiB while held)",
+                if seen { "saw" } else { "did not see" },
+                bytes >> 20,
+                threshold >> 20,
+                held_available >> 20
+            );
         };
         // A pass before the sampler's reading: within its 1 ms resolution.
         samples.push((pass - at).max(0) as f64 / 1e6);
