@@ -110,11 +110,15 @@ async fn phase(api: &MockApi, pod: &str, phase: &str, limit: Duration) -> Value 
     .await
 }
 
-/// One run: the agent, a Guaranteed and a BestEffort sleeper, then the hog.
-/// Returns the time from the crossing to the eviction decision.
-async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
-    let api = MockApi::new();
-    let threshold = available().saturating_sub(MARGIN);
+/// The agent's configuration in API-server mode with `evictionHard`'s
+/// `memory.available` at `threshold` (the kernel's notification as `kernel`
+/// says, else the default).
+fn memory_config(
+    w: &World,
+    api: &MockApi,
+    threshold: u64,
+    kernel: Option<bool>,
+) -> evlet::config::Config {
     let mut config = w.config();
     config.api = Some(ApiClient::over(api.service()));
     config.eviction = evlet::eviction::thresholds::parse(&evlet::eviction::thresholds::Config {
@@ -125,11 +129,21 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
             )]
             .into(),
         ),
-        kernel_notification: Some(kernel),
+        kernel_notification: kernel,
         ..Default::default()
     })
     .expect("valid thresholds");
-    let agent = w.start_with(config).await;
+    config
+}
+
+/// One run: the agent, a Guaranteed and a BestEffort sleeper, then the hog.
+/// Returns the time from the crossing to the eviction decision.
+async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
+    let api = MockApi::new();
+    let threshold = available().saturating_sub(MARGIN);
+    let agent = w
+        .start_with(memory_config(w, &api, threshold, Some(kernel)))
+        .await;
     let guaranteed = format!("guaranteed{round}");
     let besteffort = format!("besteffort{round}");
     let hog = format!("hog{round}");
@@ -323,21 +337,7 @@ async fn a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more() {
                 .expect("lock");
             let api = MockApi::new();
             let threshold = available().saturating_sub(MARGIN);
-            let mut config = w.config();
-            config.api = Some(ApiClient::over(api.service()));
-            config.eviction =
-                evlet::eviction::thresholds::parse(&evlet::eviction::thresholds::Config {
-                    hard: Some(
-                        [(
-                            "memory.available".to_owned(),
-                            format!("{}Ki", threshold >> 10),
-                        )]
-                        .into(),
-                    ),
-                    ..Default::default()
-                })
-                .expect("valid thresholds");
-            let agent = w.start_with(config).await;
+            let agent = w.start_with(memory_config(&w, &api, threshold, None)).await;
             api.create(
                 "pods",
                 "default",
