@@ -4,8 +4,9 @@
 //! Starts `evlet` standalone on the private containerd with one hard
 //! threshold, `memory.available` 1 GiB below what is available at its start,
 //! once with `kernelMemcgNotification: true` and once with `false`. Each round
-//! this harness allocates and touches 1.5 GiB in a thread of its own (charged
-//! to the root memory cgroup like any pod's memory), while a sampler reads the
+//! this harness allocates and touches enough memory to take the node 512 MiB
+//! past the threshold, in a thread of its own (charged to the root memory
+//! cgroup like any pod's memory), while a sampler reads the
 //! agent's own numbers (`evlet::machine::NodeMemory`) every millisecond and
 //! notes when `memory.available` crossed the threshold. The agent's
 //! `/debug/eviction` names the first pass that found the threshold met after
