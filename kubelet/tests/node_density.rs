@@ -136,14 +136,12 @@ async fn stale_mounts(w: &World) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn many_pods_and_a_burst_deleted_while_starting_leave_nothing_behind() {
+    // Hundreds of shims: not while another line's test moves the machine's
+    // memory across an eviction threshold.
+    let _memory = support::node_memory_lock(false).await;
     e2e(
         "many_pods_and_a_burst_deleted_while_starting_leave_nothing_behind",
         |w| async move {
-            // Hundreds of shims: not while another line's test moves the
-            // machine's memory across an eviction threshold.
-            let _memory = tokio::task::spawn_blocking(|| support::node_memory_lock(false))
-                .await
-                .expect("lock");
             let n = pods();
             let burst = (n / 10).max(5);
             let agent = w.start().await;

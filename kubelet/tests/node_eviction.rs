@@ -31,10 +31,13 @@ use serde_json::{Value, json};
 use support::{IMAGE, World, e2e};
 
 /// How far below the available memory at the start the threshold sits, and
-/// how much the hog takes (well past it; other tests on the machine move
-/// memory by less than the margin).
+/// how much the Guaranteed hog takes (well past it; other tests on the machine
+/// move memory by less than the margin).
 const MARGIN: u64 = 2 << 30;
 const HOG_MIB: u64 = 3 << 10;
+/// How far past the threshold the Burstable hog takes the node, sized from
+/// what is available when it starts.
+const PAST_MIB: u64 = 1 << 10;
 
 fn available() -> u64 {
     NodeMemory::read(evlet::cgroups::memcg_v1_root().as_deref())
@@ -102,6 +105,19 @@ fn sleeper(resources: Value) -> Value {
            "terminationGracePeriodSeconds": 30})
 }
 
+/// The pod's running containers (`pod` as the API names it).
+async fn running(w: &World, pod: &str) -> usize {
+    w.client
+        .list_containers(
+            evlet_cri::ContainerFilter::new()
+                .label(evlet::pod::labels::POD_NAME, pod.to_owned())
+                .state(evlet_cri::api::ContainerState::ContainerRunning),
+        )
+        .await
+        .expect("list")
+        .len()
+}
+
 async fn phase(api: &MockApi, pod: &str, phase: &str, limit: Duration) -> Value {
     eventually(limit, &format!("{pod} {phase} in the API"), || async {
         api.get("pods", "default", pod)
@@ -166,6 +182,9 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
         phase(&api, &w.pod_name(p), "Running", Duration::from_secs(30)).await;
     }
     let sampler = Sampler::start(threshold);
+    // Sized now: memory another test held when the threshold was set may have
+    // been freed since.
+    let hog_mib = (available().saturating_sub(threshold) >> 20) + PAST_MIB;
     api.create(
         "pods",
         "default",
@@ -173,9 +192,9 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
             w,
             &hog,
             json!({"containers": [{"name": "hog", "image": IMAGE,
-                                   "command": ["/bin/memhog", HOG_MIB.to_string()],
+                                   "command": ["/bin/memhog", hog_mib.to_string()],
                                    "resources": {"requests": {"memory": "64Mi"},
-                                                 "limits": {"memory": "4Gi"}}}]}),
+                                                 "limits": {"memory": format!("{}Mi", hog_mib + 512)}}}]}),
         ),
     );
     let hog_name = w.pod_name(&hog);
@@ -233,16 +252,7 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
         "the hog's container stopped",
         || async {
             let (_, containers) = w.runtime_objects(&hog).await;
-            let running = w
-                .client
-                .list_containers(
-                    evlet_cri::ContainerFilter::new()
-                        .label(evlet::pod::labels::POD_NAME, hog_name.clone())
-                        .state(evlet_cri::api::ContainerState::ContainerRunning),
-                )
-                .await
-                .expect("list");
-            (!containers.is_empty() && running.is_empty()).then_some(())
+            (!containers.is_empty() && running(w, &hog_name).await == 0).then_some(())
         },
     )
     .await;
@@ -302,12 +312,10 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
+    let _memory = support::node_memory_lock(true).await;
     e2e(
         "a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold",
         |w| async move {
-            let _lock = tokio::task::spawn_blocking(|| support::node_memory_lock(true))
-                .await
-                .expect("lock");
             let kernel = hog_is_evicted(&w, "k", true).await;
             let timer = hog_is_evicted(&w, "t", false).await;
             eprintln!(
@@ -329,12 +337,10 @@ async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more() {
+    let _memory = support::node_memory_lock(true).await;
     e2e(
         "a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more",
         |w| async move {
-            let _lock = tokio::task::spawn_blocking(|| support::node_memory_lock(true))
-                .await
-                .expect("lock");
             let api = MockApi::new();
             let threshold = available().saturating_sub(MARGIN);
             let agent = w.start_with(memory_config(&w, &api, threshold, None)).await;

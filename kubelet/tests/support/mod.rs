@@ -64,8 +64,16 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, S
 /// parallel): the test that moves `memory.available` across a threshold holds
 /// it exclusively, tests that start many pods (hundreds of shims, about a GiB)
 /// hold it shared, so neither pushes the other's node under its threshold. An
-/// `flock`, released when the file closes.
-pub fn node_memory_lock(exclusive: bool) -> std::fs::File {
+/// `flock`, released when the file closes: taken around [`e2e`], so a test's
+/// pods are gone (its clean-up ran, even after a failure) before the next
+/// holder reads the memory.
+pub async fn node_memory_lock(exclusive: bool) -> std::fs::File {
+    tokio::task::spawn_blocking(move || flock_node_memory(exclusive))
+        .await
+        .expect("lock")
+}
+
+fn flock_node_memory(exclusive: bool) -> std::fs::File {
     use std::os::fd::AsRawFd as _;
     let file = std::fs::OpenOptions::new()
         .create(true)
