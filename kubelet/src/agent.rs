@@ -648,7 +648,12 @@ async fn build_syncer(
                 .pods_cgroup(crate::cm::allocatable::Resources::of(machine)),
         )
         .await?;
+    let allocatable = config.reservations.allocatable(
+        crate::cm::allocatable::Resources::of(machine),
+        &config.eviction,
+    );
     let node = NodeContext {
+        allocatable,
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
         cgroups: cgroup_names(config),
@@ -696,6 +701,7 @@ async fn build_syncer(
             name: config.node_name.clone(),
             labels: api::node::labels(&config.node_name),
             memory: machine.memory,
+            allocatable,
             recursive_read_only,
         },
     ));

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use crate::cm::allocatable::Resources;
 use crate::quantity;
 
 /// Field paths `fieldRef` supports in env vars (upstream's list).
@@ -124,13 +125,18 @@ pub enum ResourceError {
     ZeroDivisor,
 }
 
-/// Container `c`'s `resource` (`limits.cpu`, `requests.memory`, ...) in units
-/// of `divisor`, rounded up (upstream's `ExtractContainerResourceValue`).
+/// Container `c`'s `resource` (`limits.cpu`, `requests.memory`, ...) of
+/// `pod` in units of `divisor`, rounded up (upstream's
+/// `ExtractContainerResourceValue`). A limit the container does not set is
+/// the pod's own (`spec.resources`), else the node's `allocatable`, as
+/// upstream's `defaultPodLimitsForDownwardAPI` fills it in.
 ///
 /// # Errors
 /// [`ResourceError`] for an unknown resource, a bad quantity or a zero divisor.
 pub fn resource(
+    pod: &Pod,
     c: &Container,
+    allocatable: &Resources,
     resource: &str,
     divisor: Option<&str>,
 ) -> Result<String, ResourceError> {
@@ -142,13 +148,36 @@ pub fn resource(
         "requests" => res.and_then(|r| r.requests.as_ref()),
         _ => return Err(unsupported()),
     };
-    let q = list.and_then(|l| l.get(name)).map(|q| q.0.as_str());
+    // A request the container does not set is its limit (the API server's
+    // and the static pod sources' defaulting).
+    let q = list
+        .and_then(|l| l.get(name))
+        .or_else(|| {
+            (kind == "requests")
+                .then(|| {
+                    res.and_then(|r| r.limits.as_ref())
+                        .and_then(|l| l.get(name))
+                })
+                .flatten()
+        })
+        .map(|q| q.0.as_str());
     let cpu = name == "cpu";
     let value = match q {
         Some(q) if cpu => quantity::parse_milli(q)?,
         Some(q) => quantity::parse(q)?,
-        // Upstream falls back to node allocatable for unset limits; report 0 here.
         None => 0,
+    };
+    let value = if kind == "limits" && value == 0 {
+        let (pod_cpu, pod_memory) =
+            crate::resources::pod_level(pod).map_or((None, None), |p| p.limits);
+        match name {
+            "cpu" => pod_cpu.filter(|v| *v != 0).unwrap_or(allocatable.cpu_milli),
+            "memory" => pod_memory.filter(|v| *v != 0).unwrap_or(allocatable.memory),
+            "ephemeral-storage" => allocatable.ephemeral_storage,
+            _ => value,
+        }
+    } else {
+        value
     };
     let div = match divisor {
         Some(d) if cpu => quantity::parse_milli(d)?,
@@ -165,6 +194,47 @@ pub fn resource(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unset_limits_are_the_pods_own_else_the_nodes_allocatable() {
+        let node = Resources {
+            cpu_milli: 1900,
+            memory: 8 << 30,
+            ephemeral_storage: 100 << 30,
+            pids: 0,
+        };
+        let pod = |resources: &str| -> Pod {
+            serde_yaml::from_str(&format!(
+                "spec:\n{resources}  containers:\n  - {{name: a, resources: {{limits: {{memory: 64Mi}}}}}}\n"
+            ))
+            .expect("pod")
+        };
+        let get = |p: &Pod, r: &str, d: Option<&str>| {
+            let c = &p.spec.as_ref().expect("spec").containers[0];
+            resource(p, c, &node, r, d).expect("value")
+        };
+        let plain = pod("");
+        assert_eq!(get(&plain, "limits.cpu", Some("1m")), "1900");
+        assert_eq!(
+            get(&plain, "limits.memory", None),
+            (64u64 << 20).to_string()
+        );
+        assert_eq!(
+            get(&plain, "requests.memory", Some("1Mi")),
+            "64",
+            "defaults to the limit"
+        );
+        assert_eq!(get(&plain, "requests.cpu", None), "0");
+        assert_eq!(get(&plain, "limits.ephemeral-storage", Some("1Gi")), "100");
+        let own = pod("  resources: {limits: {cpu: 500m, memory: 1Gi}}\n");
+        assert_eq!(get(&own, "limits.cpu", Some("1m")), "500");
+        assert_eq!(get(&own, "limits.cpu", None), "1", "rounded up");
+        assert_eq!(
+            get(&own, "limits.memory", Some("1Mi")),
+            "64",
+            "the container's own"
+        );
+    }
 
     #[test]
     fn maps_are_sorted_lines_quoted_as_go_does() {

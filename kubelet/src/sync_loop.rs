@@ -225,8 +225,10 @@ impl SyncLoop {
             }
             match update.op {
                 Op::Add | Op::Update => {
+                    let mut pod = pod;
                     if update.op == Op::Update {
                         self.refuse_new_fields(&pod);
+                        self.keep_pod_resources(&mut pod);
                     }
                     tracing::info!(pod = %pod::key(&pod), source = update.source.as_str(), op = ?update.op, "pod update");
                     self.pods.insert(uid, pod.clone());
@@ -361,6 +363,29 @@ impl SyncLoop {
                     .record_pod_event(pod, "Warning", "UnsupportedPodSpec", message);
             }
         }
+    }
+
+    /// Upstream resizes a pod's own resources in place (its
+    /// InPlacePodLevelResourcesVerticalScaling); evlet does not: a running
+    /// pod keeps the `spec.resources` it started with (its cgroup, its
+    /// containers' limits and its QoS class stay consistent), and a Warning
+    /// event says so.
+    fn keep_pod_resources(&self, pod: &mut Pod) {
+        let Some(old) = self.pods.get(&pod::uid(pod)) else {
+            return;
+        };
+        let old = old.spec.as_ref().and_then(|s| s.resources.clone());
+        let Some(spec) = pod.spec.as_mut().filter(|s| s.resources != old) else {
+            return;
+        };
+        spec.resources = old;
+        tracing::warn!(pod = %pod::key(pod), "pod update changes spec.resources, which evlet does not resize in place");
+        self.syncer.record_pod_event(
+            pod,
+            "Warning",
+            "UnsupportedPodSpec",
+            "spec.resources: Forbidden: evlet does not resize pod-level resources in place; the pod keeps the resources it started with".into(),
+        );
     }
 
     /// A static source's pods with one pod per full name (`name_namespace`):

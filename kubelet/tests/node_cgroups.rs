@@ -351,3 +351,84 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
     )
     .await;
 }
+
+/// The cgroup `pid` is in for the memory controller (v1) or the unified
+/// hierarchy (v2), relative to the hierarchy's root.
+fn cgroup_of(cg: &Cgroups, pid: u32) -> String {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let line = cgroups
+        .lines()
+        .find(|l| {
+            let controllers = l.split(':').nth(1);
+            match cg {
+                Cgroups::V1 => controllers.is_some_and(|c| c.split(',').any(|c| c == "memory")),
+                Cgroups::V2(_) => controllers == Some(""),
+            }
+        })
+        .expect("memory line");
+    line.splitn(3, ':').nth(2).expect("path").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pods_own_resources_limit_its_cgroup_and_the_containers_without_limits() {
+    e2e(
+        "a_pods_own_resources_limit_its_cgroup_and_the_containers_without_limits",
+        |w| async move {
+            let config = w.config();
+            let root = config.cgroup_root.clone();
+            let cg = Cgroups::detect();
+            let agent = w.start_with(config).await;
+            // Pod-level requests and limits (upstream's PodLevelResources):
+            // `a` sets nothing and runs with the pod's limits, which the
+            // downward API shows it; `b` keeps its own.
+            w.write(
+                "own.yaml",
+                &format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: own}}\nspec:\n  terminationGracePeriodSeconds: 1\n  resources:\n    requests: {{cpu: 250m, memory: 64Mi}}\n    limits: {{cpu: 500m, memory: 128Mi}}\n  containers:\n  - name: a\n    image: {IMAGE}\n    command: [sleep, '3600']\n    env:\n    - name: MEMORY_LIMIT\n      valueFrom: {{resourceFieldRef: {{resource: limits.memory, divisor: 1Mi}}}}\n  - name: b\n    image: {IMAGE}\n    command: [sleep, '3600']\n    resources: {{limits: {{cpu: 100m, memory: 32Mi}}}}\n"
+                ),
+            );
+            let pod = w.pod_name("own");
+            let status = agent
+                .wait_status(&pod, "running", Duration::from_secs(30), |s| {
+                    (support::running(s, "a") && support::running(s, "b")).then(|| s.clone())
+                })
+                .await;
+            assert_eq!(status.qos_class.as_deref(), Some("Burstable"));
+            let (_, a) = support::init_pid(&w, &agent, &pod, "a").await;
+            let (_, b) = support::init_pid(&w, &agent, &pod, "b").await;
+            let container_a = cgroup_of(&cg, a);
+            let container_b = cgroup_of(&cg, b);
+            let pod_cgroup = container_a
+                .rsplit_once('/')
+                .map(|(parent, _)| parent.to_owned())
+                .expect("a pod cgroup above the container's");
+            assert!(
+                pod_cgroup.starts_with(&cgroup_path(&root, &["kubepods", "burstable"])),
+                "{pod_cgroup}"
+            );
+            // The pod's cgroup: shares from its request, its limits.
+            assert_eq!(cg.shares(&pod_cgroup), cg.expect_shares(256));
+            assert_eq!(cg.quota(&pod_cgroup), "50000 100000");
+            assert_eq!(cg.memory(&pod_cgroup), (128 << 20).to_string());
+            // a: the pod's limits, and (upstream's rule for a container that
+            // requests no CPU) shares from its CPU limit.
+            assert_eq!(cg.memory(&container_a), (128 << 20).to_string());
+            assert_eq!(cg.quota(&container_a), "50000 100000");
+            assert_eq!(cg.shares(&container_a), cg.expect_shares(512));
+            let environ = std::fs::read(format!("/proc/{a}/environ")).expect("environ");
+            assert!(
+                environ
+                    .split(|b| *b == 0)
+                    .any(|v| v == b"MEMORY_LIMIT=128"),
+                "{}",
+                String::from_utf8_lossy(&environ)
+            );
+            // b: its own.
+            assert_eq!(cg.memory(&container_b), (32 << 20).to_string());
+            assert_eq!(cg.quota(&container_b), "10000 100000");
+            w.remove("own.yaml");
+            agent.stop().await;
+        },
+    )
+    .await;
+}

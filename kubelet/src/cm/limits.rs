@@ -56,10 +56,12 @@ pub fn shares_to_weight(shares: u64) -> u64 {
 
 /// The pod cgroup's limits (upstream's `ResourceConfigForPod` with CFS quota
 /// enforced): Guaranteed pods get shares, quota and memory; Burstable ones
-/// shares, and quota or memory only when every container declares that limit;
-/// BestEffort ones the minimum shares. `pod_pids_limit` > 0 limits every pod.
-/// The pod's `spec.overhead` counts as upstream counts it: in the requests
-/// (shares), and in the limits the pod has (quota, memory).
+/// shares, and quota or memory only when every container declares that limit
+/// or the pod itself does (`spec.resources`); BestEffort ones the minimum
+/// shares. `pod_pids_limit` > 0 limits every pod. The pod's own resources
+/// replace its containers' totals where it sets them, and its `spec.overhead`
+/// counts as upstream counts it: in the requests (shares), and in the limits
+/// the pod has (quota, memory).
 pub fn for_pod(pod: &Pod, pod_pids_limit: i64) -> Limits {
     let (req_cpu, _) = pod_totals_with_overhead(pod, List::Requests);
     let (lim_cpu, lim_mem) = pod_totals_with_overhead(pod, List::Limits);
@@ -68,15 +70,18 @@ pub fn for_pod(pod: &Pod, pod_pids_limit: i64) -> Limits {
         .iter()
         .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
         .collect();
+    let own = resources::pod_level(pod).map_or((None, None), |p| p.limits);
     let declared = |cpu: bool| {
-        containers.iter().all(|c| {
-            let (lc, lm) = resources::values(c, List::Limits);
-            if cpu {
-                lc.unwrap_or(0) > 0
-            } else {
-                lm.unwrap_or(0) > 0
-            }
-        })
+        let by_pod = if cpu { own.0 } else { own.1 };
+        by_pod.is_some_and(|v| v > 0)
+            || containers.iter().all(|c| {
+                let (lc, lm) = resources::values(c, List::Limits);
+                if cpu {
+                    lc.unwrap_or(0) > 0
+                } else {
+                    lm.unwrap_or(0) > 0
+                }
+            })
     };
     let pids = (pod_pids_limit > 0).then_some(pod_pids_limit);
     match resources::qos(pod) {
@@ -251,6 +256,62 @@ mod tests {
             (Some(358), Some(75_000), None)
         );
         assert_eq!(burstable_shares([&burstable]), 358);
+    }
+
+    #[test]
+    fn a_pods_own_resources_replace_its_containers_totals() {
+        // Pod limits only: the requests default to them, so the pod is
+        // Guaranteed.
+        let guaranteed = pod(
+            "  resources: {limits: {cpu: '1', memory: 256Mi}}\n  containers:\n  - {name: a, image: i}\n",
+        );
+        assert_eq!(resources::qos(&guaranteed), Qos::Guaranteed);
+        assert_eq!(
+            for_pod(&guaranteed, 0),
+            Limits {
+                cpu_shares: Some(1024),
+                cpu_quota: Some(100_000),
+                memory: Some(256 << 20),
+                pids: None,
+            }
+        );
+        // A container's request (its limit) is the pod's default CPU
+        // request instead: Burstable, limited by the pod's limits.
+        let defaulted = pod(
+            "  resources: {limits: {cpu: '1', memory: 256Mi}}\n  containers:\n  - {name: a, image: i}\n  - {name: b, image: i, resources: {limits: {cpu: 200m}}}\n",
+        );
+        assert_eq!(resources::qos(&defaulted), Qos::Burstable);
+        assert_eq!(
+            for_pod(&defaulted, 0),
+            Limits {
+                cpu_shares: Some(204),
+                cpu_quota: Some(100_000),
+                memory: Some(256 << 20),
+                pids: None,
+            }
+        );
+        // Pod requests below its limits: Burstable, and limited by the pod's
+        // limits although no container declares one.
+        let burstable = pod(
+            "  resources: {requests: {cpu: 250m, memory: 64Mi}, limits: {cpu: 500m, memory: 128Mi}}\n  containers:\n  - {name: a, image: i}\n",
+        );
+        assert_eq!(resources::qos(&burstable), Qos::Burstable);
+        let l = for_pod(&burstable, 0);
+        assert_eq!(
+            (l.cpu_shares, l.cpu_quota, l.memory),
+            (Some(256), Some(50_000), Some(128 << 20))
+        );
+        // Pod requests only, and a container without limits: no limit.
+        let requests_only = pod(
+            "  resources: {requests: {memory: 64Mi}}\n  containers:\n  - {name: a, image: i, resources: {requests: {cpu: 100m}}}\n",
+        );
+        let l = for_pod(&requests_only, 0);
+        assert_eq!(
+            (l.cpu_shares, l.cpu_quota, l.memory),
+            (Some(102), None, None),
+            "the CPU request is the containers' (the pod sets none)"
+        );
+        assert_eq!(burstable_shares([&burstable, &requests_only]), 358);
     }
 
     #[test]

@@ -67,7 +67,7 @@ fn usage(signal: Signal, stats: &PodStats) -> Option<i64> {
 /// The pod's request of what `signal` starves.
 fn request(signal: Signal, pod: &Pod) -> i64 {
     match signal {
-        Signal::MemoryAvailable => crate::resources::pod_requests(pod).1,
+        Signal::MemoryAvailable => crate::resources::memory_request_for_eviction(pod),
         Signal::NodeFsAvailable | Signal::ImageFsAvailable => pod
             .spec
             .iter()

@@ -22,6 +22,9 @@ pub struct Runtime<'a> {
     /// The service variables (`KUBERNETES_SERVICE_HOST`, ...): `$(VAR)` can
     /// name them, and they are added after the pod's own, which win.
     pub services: &'a [(String, String)],
+    /// The node's allocatable: what `limits.*` a container does not set
+    /// shows (upstream's downward API defaults).
+    pub allocatable: crate::cm::allocatable::Resources,
 }
 
 static NO_OBJECTS: ApiObjects = ApiObjects {
@@ -36,6 +39,7 @@ impl Default for Runtime<'_> {
             host_ip: None,
             objects: &NO_OBJECTS,
             services: &[],
+            allocatable: crate::cm::allocatable::Resources::default(),
         }
     }
 }
@@ -197,8 +201,14 @@ fn field(pod: &Pod, path: &str, rt: &Runtime<'_>) -> Option<String> {
     crate::downward::field(pod, path, rt.pod_ip, rt.host_ip)
 }
 
-fn resource(c: &Container, resource: &str, divisor: Option<&str>) -> Result<String, Problem> {
-    crate::downward::resource(c, resource, divisor).map_err(|e| match e {
+fn resource(
+    pod: &Pod,
+    c: &Container,
+    rt: &Runtime<'_>,
+    resource: &str,
+    divisor: Option<&str>,
+) -> Result<String, Problem> {
+    crate::downward::resource(pod, c, &rt.allocatable, resource, divisor).map_err(|e| match e {
         crate::downward::ResourceError::Unsupported(r) => Problem::UnsupportedResource(r),
         crate::downward::ResourceError::Quantity(q) => Problem::Quantity(q),
         crate::downward::ResourceError::ZeroDivisor => Problem::ZeroDivisor,
@@ -252,7 +262,14 @@ pub fn build(
                 field(pod, &f.field_path, rt)
                     .ok_or_else(|| err(Problem::UnsupportedField(f.field_path.clone())))?
             } else if let Some(r) = &from.resource_field_ref {
-                resource(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str())).map_err(err)?
+                resource(
+                    pod,
+                    c,
+                    rt,
+                    &r.resource,
+                    r.divisor.as_ref().map(|d| d.0.as_str()),
+                )
+                .map_err(err)?
             } else if let Some((kind, name, key, optional)) = from
                 .config_map_key_ref
                 .as_ref()

@@ -27,6 +27,8 @@ pub struct NodeContext {
     pub host_ip: Option<String>,
     /// Node memory capacity in bytes (for Burstable `oom_score_adj`).
     pub memory_capacity: i64,
+    /// Node allocatable (the downward API's `limits.*` a container does not set).
+    pub allocatable: crate::cm::allocatable::Resources,
     /// The node's DNS settings (`clusterDNS`, `clusterDomain`, `resolvConf`).
     pub dns: crate::dns::NodeDns,
     /// `seccompDefault`: containers without a profile get RuntimeDefault.
@@ -213,31 +215,28 @@ pub fn sandbox_config(
 }
 
 /// Linux resources of a container: CPU shares from requests, quota from limits,
-/// memory limit, and `oom_score_adj` by QoS (upstream's policy).
+/// memory limit, and `oom_score_adj` by QoS (upstream's policy). A container
+/// without a limit of its own runs with the pod's (`spec.resources`), as
+/// upstream's `getCPULimit` / `getMemoryLimit` give it; like upstream, a
+/// container that requests no CPU then takes its shares from that limit.
 pub fn linux_resources(
     node: &NodeContext,
     pod: &Pod,
     c: &Container,
 ) -> api::LinuxContainerResources {
     const PERIOD: i64 = 100_000;
-    let (limit_cpu, limit_mem) = resources::values(c, List::Limits);
+    let (limit_cpu, limit_mem) = resources::container_limits(pod, c);
+    let (own_cpu, own_mem) = resources::values(c, List::Limits);
     let (req_cpu, req_mem) = resources::values(c, List::Requests);
-    let req_cpu = req_cpu.or(limit_cpu);
-    let req_mem = req_mem.or(limit_mem);
-    // Widened arithmetic: a request of petabytes or a million CPUs is valid
-    // input and must not overflow (found by fuzzing). Shares are capped at
-    // the kernel's maximum, as upstream's MilliCPUToShares does.
-    let narrow = |v: i128| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
+    let req_cpu = req_cpu.or(own_cpu).or(limit_cpu);
+    let req_mem = req_mem.or(own_mem);
     let shares = req_cpu.map_or(2, |m| {
         i64::try_from(crate::cm::limits::milli_to_shares(m)).unwrap_or(i64::MAX)
     });
     let oom_score_adj = match qos(pod) {
         Qos::Guaranteed => -997,
         Qos::BestEffort => 1000,
-        Qos::Burstable => {
-            let cap = node.memory_capacity.max(1);
-            narrow(1000 - 1000 * i128::from(req_mem.unwrap_or(0)) / i128::from(cap)).clamp(2, 999)
-        }
+        Qos::Burstable => burstable_oom_score_adj(node, pod, c, req_mem.unwrap_or(0)),
     };
     api::LinuxContainerResources {
         cpu_period: if limit_cpu.is_some() { PERIOD } else { 0 },
@@ -252,6 +251,41 @@ pub fn linux_resources(
             HashMap::new()
         },
         ..Default::default()
+    }
+}
+
+/// Upstream's `GetContainerOOMScoreAdjust` for a Burstable pod's container
+/// requesting `request` bytes of memory: `1000 - 1000 * request / capacity`,
+/// the pod's unrequested own memory request shared among its containers; a
+/// sidecar scores no higher than the app container requesting least; kept
+/// between 3 (above Guaranteed pods' -997 + 1000) and 999 (below BestEffort).
+fn burstable_oom_score_adj(node: &NodeContext, pod: &Pod, c: &Container, request: i64) -> i64 {
+    // Widened arithmetic: a request of petabytes is valid input and must not
+    // overflow (found by fuzzing).
+    let cap = i128::from(node.memory_capacity.max(1));
+    let rem = i128::from(resources::remaining_memory_request_per_container(pod));
+    let adj_of = |request: i64| 1000 - 1000 * (i128::from(request) + rem) / cap;
+    let mut adj = adj_of(request);
+    if crate::pod::is_restartable_init(c)
+        && let Some(least) = pod
+            .spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .map(|app| {
+                let req = resources::values(app, List::Requests).1;
+                req.or(resources::values(app, List::Limits).1).unwrap_or(0)
+            })
+            .min()
+    {
+        adj = adj.min(adj_of(least));
+    }
+    let adj = i64::try_from(adj).unwrap_or(i64::MIN);
+    if adj < 3 {
+        3
+    } else if adj >= 1000 {
+        999
+    } else {
+        adj
     }
 }
 
@@ -321,6 +355,7 @@ pub fn container_config(
             host_ip: node.host_ip.as_deref(),
             objects: ctx.objects,
             services: ctx.services,
+            allocatable: node.allocatable,
         },
     )?;
     let env_map = envs.iter().cloned().collect();
@@ -464,7 +499,8 @@ mod tests {
         // oom_score_adj arithmetic.
         let p = pod("{requests: {cpu: 50m, memory: 32Pi}, limits: {cpu: '100000000000000'}}");
         let r = linux_resources(&node(), &p, &p.spec.as_ref().expect("spec").containers[0]);
-        assert_eq!((r.oom_score_adj, r.cpu_quota), (2, i64::MAX));
+        // Upstream's floor for Burstable: 1000 + Guaranteed's -997.
+        assert_eq!((r.oom_score_adj, r.cpu_quota), (3, i64::MAX));
         let big = pod("{requests: {cpu: '9000000000000000'}}");
         let r = linux_resources(
             &node(),
@@ -472,6 +508,41 @@ mod tests {
             &big.spec.as_ref().expect("spec").containers[0],
         );
         assert_eq!(r.cpu_shares, 262_144);
+    }
+
+    #[test]
+    fn containers_without_limits_run_with_the_pods_own() {
+        let p: Pod = serde_yaml::from_str(
+            "metadata: {name: web, uid: u1}\nspec:\n  resources: {requests: {cpu: 500m, memory: 2Gi}, limits: {cpu: '2', memory: 4Gi}}\n  initContainers:\n  - {name: side, image: i, restartPolicy: Always}\n  containers:\n  - {name: a, image: i, resources: {requests: {memory: 1Gi}}}\n  - {name: b, image: i, resources: {requests: {cpu: 100m}, limits: {cpu: 200m, memory: 512Mi}}}\n",
+        )
+        .expect("pod");
+        let spec = p.spec.as_ref().expect("spec");
+        let a = linux_resources(&node(), &p, &spec.containers[0]);
+        // The pod's limits, and (upstream's quirk) CPU shares from the
+        // inherited CPU limit, as a has no CPU request.
+        assert_eq!(
+            (a.cpu_shares, a.cpu_quota, a.memory_limit_in_bytes),
+            (2048, 200_000, 4 << 30)
+        );
+        // The pod requests 2Gi; its containers 1.5Gi: 512Mi shared by three.
+        // a: 1000 - 1000 * (1Gi + 512Mi/3) / 8Gi = 855.
+        assert_eq!(a.oom_score_adj, 855);
+        let b = linux_resources(&node(), &p, &spec.containers[1]);
+        assert_eq!(
+            (b.cpu_shares, b.cpu_quota, b.memory_limit_in_bytes),
+            (102, 20_000, 512 << 20),
+            "b's own limits"
+        );
+        // b: 1000 - 1000 * (512Mi + 512Mi/3) / 8Gi = 917.
+        assert_eq!(b.oom_score_adj, 917);
+        // The sidecar requests nothing, and scores no higher than the app
+        // container requesting least (b).
+        let side = linux_resources(
+            &node(),
+            &p,
+            &spec.init_containers.as_ref().expect("init")[0],
+        );
+        assert_eq!(side.oom_score_adj, 917);
     }
 
     #[test]

@@ -563,6 +563,7 @@ impl Syncer {
                 host_ip: self.node.host_ip.as_deref(),
                 objects: &objects,
                 services: &services,
+                allocatable: self.node.allocatable,
             };
             super::env::build(pod, c, &rt)
                 .map_err(|e| config_error(e.to_string()))?

@@ -28,6 +28,7 @@ pub struct Invalid {
 }
 
 mod handlers;
+mod resources;
 mod support;
 mod volumes;
 
@@ -151,6 +152,7 @@ pub fn validate(pod: &Pod) -> Result<(), Invalid> {
         e.add("spec.containers", "Required value");
     }
     e.0.extend(unsupported(spec));
+    resources::validate_pod(spec, &mut e);
     if let Some(os) = foreign_os(spec) {
         e.add(
             "spec.os.name",

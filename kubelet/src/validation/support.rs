@@ -31,11 +31,18 @@ pub fn unsupported(spec: &PodSpec) -> Vec<FieldError> {
             "evlet does not support dynamic resource allocation",
         );
     }
-    if spec.resources.is_some() {
-        add(
-            "spec.resources".into(),
-            "evlet does not support pod-level resources",
-        );
+    let pod_hugepages = spec.resources.iter().flat_map(|r| {
+        [("limits", &r.limits), ("requests", &r.requests)]
+            .into_iter()
+            .flat_map(|(kind, list)| list.iter().flatten().map(move |(name, _)| (kind, name)))
+    });
+    for (kind, name) in pod_hugepages {
+        if name.starts_with("hugepages-") {
+            add(
+                format!("spec.resources.{kind}[{name}]"),
+                "evlet does not support hugepages",
+            );
+        }
     }
     let containers = spec
         .init_containers
@@ -81,6 +88,20 @@ fn container(c: &Container, path: &str, add: &mut impl FnMut(String, &str)) {
             "evlet does not support dynamic resource allocation",
         );
     }
+    let lists = c
+        .resources
+        .iter()
+        .flat_map(|r| [("limits", &r.limits), ("requests", &r.requests)]);
+    for (kind, list) in lists {
+        for name in list.iter().flatten().map(|(n, _)| n) {
+            if name.starts_with("hugepages-") {
+                add(
+                    format!("{path}.resources.{kind}[{name}]"),
+                    "evlet does not support hugepages",
+                );
+            }
+        }
+    }
 }
 
 /// The OS a pod asks for (`spec.os.name`) when it is not Linux: upstream
@@ -113,10 +134,10 @@ mod tests {
     fn each_unsupported_field_is_named() {
         let s = spec(
             "containers:\n- {name: a, image: i, volumeDevices: [{name: v, devicePath: /dev/xvda}]}\n\
-             initContainers:\n- {name: b, image: i, resources: {claims: [{name: gpu}]}}\n\
+             initContainers:\n- {name: b, image: i, resources: {claims: [{name: gpu}], requests: {hugepages-1Gi: 1Gi}}}\n\
              ephemeralContainers: [{name: dbg, image: i}]\n\
              resourceClaims: [{name: gpu}]\n\
-             resources: {limits: {cpu: 1}}\n\
+             resources: {limits: {cpu: 1, hugepages-2Mi: 4Mi}}\n\
              os: {name: windows}\n",
         );
         let fields: Vec<String> = unsupported(&s).into_iter().map(|e| e.field).collect();
@@ -125,8 +146,9 @@ mod tests {
             [
                 "spec.ephemeralContainers",
                 "spec.resourceClaims",
-                "spec.resources",
+                "spec.resources.limits[hugepages-2Mi]",
                 "spec.initContainers[0].resources.claims",
+                "spec.initContainers[0].resources.requests[hugepages-1Gi]",
                 "spec.containers[0].volumeDevices",
             ]
         );

@@ -8,17 +8,12 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// The size of a memory-backed volume: the smallest of the node's memory, the
-/// pod's memory limit (the sum of its containers' limits, if all have one)
-/// and the volume's `sizeLimit` (upstream's `calculateEmptyDirMemorySize`).
+/// memory limit of the pod's cgroup (from its containers' limits, or its
+/// own) and the volume's `sizeLimit` (upstream's `calculateEmptyDirMemorySize`).
 pub fn memory_size(node_memory: u64, pod: &Pod, size_limit: Option<&Quantity>) -> u64 {
     let mut size = node_memory;
-    let limits: Option<i64> = pod.spec.as_ref().and_then(|s| {
-        s.containers
-            .iter()
-            .map(|c| crate::resources::values(c, crate::resources::List::Limits).1)
-            .sum()
-    });
-    if let Some(l) = limits
+    if let Some(l) = crate::cm::limits::for_pod(pod, -1)
+        .memory
         .and_then(|l| u64::try_from(l).ok())
         .filter(|l| *l > 0 && *l <= size)
     {
@@ -83,6 +78,15 @@ mod tests {
             memory_size(100, &pod("memory: 64Mi"), None),
             100,
             "the node is smaller"
+        );
+        let own: Pod = serde_yaml::from_str(
+            "spec:\n  resources: {limits: {memory: 32Mi}}\n  containers:\n  - {name: a}\n",
+        )
+        .expect("pod");
+        assert_eq!(
+            memory_size(gib, &own, None),
+            32 << 20,
+            "the pod's own limit"
         );
     }
 

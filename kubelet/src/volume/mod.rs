@@ -95,6 +95,8 @@ pub struct NodeFacts {
     pub labels: BTreeMap<String, String>,
     /// Memory the node can give pods, bytes (a memory-backed emptyDir's default size).
     pub memory: u64,
+    /// Node allocatable (the downward API's `limits.*` a container does not set).
+    pub allocatable: crate::cm::allocatable::Resources,
     /// The runtime's default handler makes recursive read-only mounts (CRI
     /// `Status` runtime handler features).
     pub recursive_read_only: bool,
@@ -215,7 +217,7 @@ impl VolumeManager {
             .flat_map(|s| s.volumes.iter().flatten())
             .filter(|v| used.contains(v.name.as_str()))
         {
-            let inputs = plugins::gather(self.sources.as_ref(), pod, v).await?;
+            let inputs = plugins::gather(self.sources.as_ref(), &self.node, pod, v).await?;
             let claim = match (&inputs, &v.persistent_volume_claim) {
                 (plugins::Inputs::Claim { pv, .. }, Some(c)) => Some((
                     c.claim_name.clone(),

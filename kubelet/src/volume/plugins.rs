@@ -131,6 +131,7 @@ fn or_empty(
 /// Downward API items as files.
 fn downward_files(
     pod: &Pod,
+    node: &NodeFacts,
     items: &[k8s_openapi::api::core::v1::DownwardAPIVolumeFile],
     default_mode: Option<i32>,
 ) -> Result<BTreeMap<String, File>, String> {
@@ -153,8 +154,14 @@ fn downward_files(
                 })
                 .find(|c| c.name == name)
                 .ok_or_else(|| format!("container {name:?} not found for resourceFieldRef"))?;
-            crate::downward::resource(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str()))
-                .map_err(|e| e.to_string())?
+            crate::downward::resource(
+                pod,
+                c,
+                &node.allocatable,
+                &r.resource,
+                r.divisor.as_ref().map(|d| d.0.as_str()),
+            )
+            .map_err(|e| e.to_string())?
         } else {
             continue;
         };
@@ -183,6 +190,7 @@ fn fs_owned(pod: &Pod) -> bool {
 /// is not bound, a type no plugin handles.
 pub(super) async fn gather(
     sources: &dyn VolumeSources,
+    node: &NodeFacts,
     pod: &Pod,
     v: &Volume,
 ) -> Result<Inputs, VolumeError> {
@@ -191,8 +199,13 @@ pub(super) async fn gather(
         return Ok(Inputs::Nothing);
     }
     if let Some(d) = &v.downward_api {
-        let files = downward_files(pod, d.items.as_deref().unwrap_or_default(), d.default_mode)
-            .map_err(|e| set_up_failed(v, e))?;
+        let files = downward_files(
+            pod,
+            node,
+            d.items.as_deref().unwrap_or_default(),
+            d.default_mode,
+        )
+        .map_err(|e| set_up_failed(v, e))?;
         return Ok(Inputs::Files {
             plugin: "kubernetes.io~downward-api",
             files,
@@ -265,7 +278,12 @@ pub(super) async fn gather(
                     Err(e) => Err(e.to_string()),
                 }
             } else if let Some(d) = &source.downward_api {
-                downward_files(pod, d.items.as_deref().unwrap_or_default(), p.default_mode)
+                downward_files(
+                    pod,
+                    node,
+                    d.items.as_deref().unwrap_or_default(),
+                    p.default_mode,
+                )
             } else if let Some(t) = &source.service_account_token {
                 let request = TokenRequest {
                     namespace: ns.to_owned(),
