@@ -115,7 +115,15 @@ pub struct Run {
     pub oom_to_status: Option<Summary>,
     /// Anything that went wrong in this run (a failed kill, a timeout).
     pub errors: Vec<String>,
+    /// Kills and OOM kills whose status took longer than
+    /// [`SLOW_MS`], each with the pod's timeline from the kill to the status
+    /// (evlet's own record of where the time went).
+    #[serde(default)]
+    pub slow: Vec<String>,
 }
+
+/// A kill slower than this to the status has its timeline kept ([`Run::slow`]).
+pub const SLOW_MS: f64 = 10.0;
 
 /// CRI status calls against the real runtime with `pods` pods (the PLEG cost model).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -259,6 +267,18 @@ pub fn markdown(results: &Results) -> String {
             .collect();
         if !errors.is_empty() {
             let _ = writeln!(out, "\nErrors: {}", errors.join("; "));
+        }
+        let slow: Vec<String> = runs
+            .iter()
+            .flat_map(|r| r.slow.iter().map(move |s| format!("- {}: {s}", r.mode)))
+            .collect();
+        if !slow.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nSlower than {} ms to the status, with the pod's timeline from the kill (ms):\n\n{}",
+                SLOW_MS,
+                slow.join("\n")
+            );
         }
     }
     if !results.cri.is_empty() {

@@ -331,6 +331,9 @@ async fn kills(
             None
         };
         let (seen, runtime, replacement) = tokio::join!(in_status, in_runtime, replaced);
+        if let Some(at) = seen {
+            slow_timeline(agent, &name, "kill", wall, at - sent, run).await;
+        }
         match replacement {
             Some(at) => to_replacement.push(at - sent),
             None => run
@@ -357,6 +360,54 @@ async fn kills(
     run.kill_to_runtime = Summary::of(&to_runtime);
     run.kill_to_replacement = Summary::of(&to_replacement);
     Ok(killed)
+}
+
+/// Keeps the timeline of a kill (or OOM kill) whose status took `took`,
+/// from `at` (the kill) to the status, when it was slower than
+/// [`report::SLOW_MS`]: which part of the agent the time went to.
+async fn slow_timeline(
+    agent: &Agent,
+    name: &str,
+    what: &str,
+    at: SystemTime,
+    took: Duration,
+    run: &mut Run,
+) {
+    let ms = took.as_secs_f64() * 1000.0;
+    if ms <= report::SLOW_MS {
+        return;
+    }
+    let start = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let end = start + took.as_nanos() as i64 + 5_000_000;
+    let entries = match agent
+        .http
+        .json(&format!("/debug/pods/default/{name}/timeline"))
+        .await
+    {
+        Ok(Some(t)) => t["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let ns = e["unixNs"].as_i64()?;
+                (ns >= start - 1_000_000 && ns <= end).then(|| {
+                    format!(
+                        "{:+.1} {} {}",
+                        (ns - start) as f64 / 1e6,
+                        e["source"].as_str().unwrap_or("?"),
+                        e["what"].as_str().unwrap_or("")
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Ok(None) => "no timeline".to_owned(),
+        Err(e) => format!("timeline: {e:#}"),
+    };
+    run.slow
+        .push(format!("{what} {name} {ms:.1} ms: {entries}"));
 }
 
 /// Waits on `/dev/kmsg` for the kernel's OOM-kill message about `comm`.
@@ -411,7 +462,12 @@ async fn oom(
         .await;
         let kernel = tokio::time::timeout(Duration::from_secs(1), killed).await;
         match (seen, kernel) {
-            (Some(seen), Ok(Ok(kernel))) => lat.push(seen.saturating_duration_since(kernel)),
+            (Some(seen), Ok(Ok(kernel))) => {
+                let took = seen.saturating_duration_since(kernel);
+                lat.push(took);
+                let at = SystemTime::now() - kernel.elapsed();
+                slow_timeline(agent, &name, "OOM kill", at, took, run).await;
+            }
             (None, _) => run
                 .errors
                 .push(format!("{name}: OOMKilled not in status after 60 s")),
