@@ -48,10 +48,32 @@ pub fn milli_to_quota(milli: i64) -> Option<i64> {
     Some(i64::try_from(quota).unwrap_or(i64::MAX).max(MIN_QUOTA))
 }
 
-/// runc's conversion of `cpu.shares` to cgroup v2's `cpu.weight`.
+/// The conversion of `cpu.shares` to cgroup v2's `cpu.weight` that upstream
+/// kubelet and runc ≥ 1.3 use (opencontainers/cgroups'
+/// `ConvertCPUSharesToCgroupV2Value` since kubernetes#131216 and
+/// runc#4785): a quadratic in `log2(shares)` through the minimum (2 → 1),
+/// the default (1024 → 100) and the maximum (262144 → 10000). The earlier
+/// linear one made the default 39, below a v2 cgroup's own default of 100.
 pub fn shares_to_weight(shares: u64) -> u64 {
-    let shares = shares.clamp(MIN_SHARES, MAX_SHARES);
-    1 + ((shares - 2) * 9999) / 262_142
+    if shares <= MIN_SHARES {
+        return 1;
+    }
+    if shares >= MAX_SHARES {
+        return 10_000;
+    }
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "shares < 2^18 are exact in an f64"
+    )]
+    let l = (shares as f64).log2();
+    let exponent = (l * l + 125.0 * l) / 612.0 - 7.0 / 34.0;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "the value lies in 1..=10000"
+    )]
+    let weight = 10_f64.powf(exponent).ceil() as u64;
+    weight.clamp(1, 10_000)
 }
 
 /// The pod cgroup's limits (upstream's `ResourceConfigForPod` with CFS quota
@@ -180,7 +202,9 @@ mod tests {
         assert_eq!(milli_to_quota(5), Some(1000));
         assert_eq!(milli_to_quota(250), Some(25_000));
         assert_eq!(shares_to_weight(2), 1);
-        assert_eq!(shares_to_weight(1024), 39);
+        assert_eq!(shares_to_weight(1024), 100);
+        assert_eq!(shares_to_weight(512), 59);
+        assert_eq!(shares_to_weight(102), 17);
         assert_eq!(shares_to_weight(MAX_SHARES), 10_000);
     }
 
@@ -211,7 +235,7 @@ mod tests {
         assert_eq!(
             v2_files(&l),
             [
-                ("cpu", "cpu.weight", "30".to_owned()),
+                ("cpu", "cpu.weight", "80".to_owned()),
                 ("cpu", "cpu.max", "75000 100000".to_owned()),
                 ("memory", "memory.max", "100663296".to_owned()),
             ]

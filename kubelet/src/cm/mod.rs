@@ -486,7 +486,7 @@ mod tests {
         assert_eq!(read("cgroup.subtree_control"), "+memory +pids");
         assert_eq!(read("kubepods/podu2/cpu.max"), "50000 100000");
         assert_eq!(read("kubepods/podu2/memory.max"), "67108864");
-        assert_eq!(read("kubepods/podu2/cpu.weight"), "20");
+        assert_eq!(read("kubepods/podu2/cpu.weight"), "59");
     }
 
     #[test]

@@ -346,7 +346,7 @@ mod tests {
         assert_eq!(
             limit_properties(&l),
             [
-                ("CPUWeight", Property::U64(39)),
+                ("CPUWeight", Property::U64(100)),
                 ("CPUQuotaPerSecUSec", Property::U64(250_000)),
                 ("MemoryMax", Property::U64(64 << 20)),
                 ("TasksMax", Property::U64(512)),
