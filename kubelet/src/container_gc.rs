@@ -248,6 +248,28 @@ mod tests {
     }
 
     #[test]
+    fn an_evicted_pod_without_containers_loses_its_stopped_sandbox_only() {
+        // Its containers went in an earlier pass, while the sandbox was still
+        // being stopped; nothing is left to remove but the sandbox.
+        let mut evicted = pod("e", Vec::new());
+        let sandbox = |id: &str, ready| crate::runtime::SandboxStatus {
+            id: SandboxId::new(id),
+            ready,
+            created_at: 1,
+            attempt: 0,
+            ip: None,
+        };
+        evicted.sandboxes.push(sandbox("s", true));
+        assert!(
+            dead_sandboxes(&evicted, &[]).is_empty(),
+            "a ready sandbox stays"
+        );
+        evicted.sandboxes[0].ready = false;
+        evicted.sandboxes.push(sandbox("t", true));
+        assert_eq!(dead_sandboxes(&evicted, &[]), [SandboxId::new("s")]);
+    }
+
+    #[test]
     fn young_dead_containers_stay_for_the_minimum_age() {
         let p = pod(
             "p",

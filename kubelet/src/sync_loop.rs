@@ -575,14 +575,18 @@ impl SyncLoop {
         }
         let mut removals = Vec::new();
         for status in known {
-            let Some(ids) = by_pod.remove(&status.uid) else {
-                continue;
-            };
+            let ids = by_pod.remove(&status.uid).unwrap_or_default();
+            // An evicted pod's stopped sandboxes go once no container is left,
+            // also in a later pass than its containers' (the sandbox may still
+            // have been ready then, or the pod never had a container).
             let sandboxes = if remove_all.contains(&status.uid) {
                 crate::container_gc::dead_sandboxes(&status, &ids)
             } else {
                 Vec::new()
             };
+            if ids.is_empty() && sandboxes.is_empty() {
+                continue;
+            }
             let syncer = Arc::clone(&self.syncer);
             let hints = self.hints.clone();
             removals.push(tokio::spawn(async move {
