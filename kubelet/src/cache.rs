@@ -155,11 +155,18 @@ impl PodCache {
 
     /// Every pod the runtime has something of (sandboxes or containers).
     pub fn known(&self) -> Vec<Arc<PodStatus>> {
+        self.known_where(|_| true)
+    }
+
+    /// The pods the runtime has something of for which `keep` holds: only
+    /// those are copied out (the housekeeping's orphan check looks at every
+    /// pod every 2 s and keeps almost none).
+    pub fn known_where(&self, keep: impl Fn(&PodStatus) -> bool) -> Vec<Arc<PodStatus>> {
         lock(&self.shared.inner)
             .pods
             .values()
             .filter_map(|e| e.status.as_ref().ok())
-            .filter(|s| !s.sandboxes.is_empty() || !s.containers.is_empty())
+            .filter(|s| (!s.sandboxes.is_empty() || !s.containers.is_empty()) && keep(s))
             .cloned()
             .collect()
     }

@@ -514,9 +514,9 @@ impl SyncLoop {
         if !self.config.sources_ready() {
             return;
         }
-        let desired: BTreeSet<&PodUid> = self.pods.keys().collect();
-        for status in self.cache.known() {
-            if desired.contains(&status.uid) || self.workers.has(&status.uid) {
+        let undesired = self.cache.known_where(|s| !self.pods.contains_key(&s.uid));
+        for status in undesired {
+            if self.workers.has(&status.uid) {
                 continue;
             }
             let running = status.any_running() || status.sandboxes.iter().any(|s| s.ready);

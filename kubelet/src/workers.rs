@@ -300,7 +300,17 @@ impl PodWorkers {
 
     /// Every pod with a worker (or a view) and its computed status.
     pub fn views(&self) -> Vec<PodView> {
-        lock(&self.shared.views).values().cloned().collect()
+        self.views_where(|_| true)
+    }
+
+    /// The views for which `keep` holds: only those are copied (a status
+    /// copy per pod is what a view costs; periodic checks want few of them).
+    pub fn views_where(&self, keep: impl Fn(&PodView) -> bool) -> Vec<PodView> {
+        lock(&self.shared.views)
+            .values()
+            .filter(|v| keep(v))
+            .cloned()
+            .collect()
     }
 
     /// The view of the pod `namespace`/`name`.

@@ -57,6 +57,17 @@ pub fn has_storage_limits(pod: &Pod) -> bool {
     })
 }
 
+/// Does `pod` limit its local storage at all (an emptyDir's `sizeLimit` or a
+/// container's `limits.ephemeral-storage`)? Only such pods are measured.
+pub fn limits_local_storage(pod: &Pod) -> bool {
+    has_storage_limits(pod)
+        || pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()))
+}
+
 /// The pod's ephemeral storage limit (upstream's `PodLimits`): the app
 /// containers' and sidecars' limits summed, or the largest init container's
 /// with the sidecars before it; None when no container declares one.

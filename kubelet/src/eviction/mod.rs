@@ -495,17 +495,11 @@ impl EvictionManager {
     }
 
     async fn evict_one(&self, t: &Threshold, quantity: i64, available: i64) -> Option<PodUid> {
-        let views: Vec<_> = self
-            .c
-            .workers
-            .views()
-            .into_iter()
-            .filter(|v| {
-                v.phase == Phase::Sync
-                    && !matches!(v.status.phase.as_deref(), Some("Succeeded" | "Failed"))
-                    && !rank::is_critical(&v.pod)
-            })
-            .collect();
+        let views: Vec<_> = self.c.workers.views_where(|v| {
+            v.phase == Phase::Sync
+                && !matches!(v.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+                && !rank::is_critical(&v.pod)
+        });
         // Only the candidates' usage is read, and only when there are some: a
         // node of static pods under pressure costs the runtime nothing.
         let summary = if views.is_empty() {
@@ -597,14 +591,13 @@ impl EvictionManager {
     /// `emptyDirLimitEviction`: grace 0, upstream's message, no
     /// `DisruptionTarget` condition, `kubelet_evictions{eviction_signal="emptydirfs.limit"}`.
     async fn local_storage(&self) -> Option<PodUid> {
-        // Critical pods are never evicted, for their storage neither.
-        let views: Vec<PodView> = self
-            .c
-            .workers
-            .views()
-            .into_iter()
-            .filter(|v| v.phase == Phase::Sync && !rank::is_critical(&v.pod))
-            .collect();
+        // Critical pods are never evicted, for their storage neither; only
+        // pods that limit their local storage are looked at.
+        let views: Vec<PodView> = self.c.workers.views_where(|v| {
+            v.phase == Phase::Sync
+                && local::limits_local_storage(&v.pod)
+                && !rank::is_critical(&v.pod)
+        });
         for view in &views {
             let pod = &view.pod;
             let uid = crate::pod::uid(pod);
