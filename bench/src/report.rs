@@ -113,6 +113,12 @@ pub struct Run {
     /// The same over every OOM kill of the run.
     #[serde(default)]
     pub oom_to_status: Option<Summary>,
+    /// The victim's exit as the kernel recorded it (evlet's timeline; `ebpf`
+    /// mode only) → `OOMKilled` in `/pods/<ns>/<name>`: the agent's own part
+    /// of [`Run::oom_to_status`], without the kernel's teardown of the victim
+    /// (from the OOM kill to the exit the victim frees its memory).
+    #[serde(default)]
+    pub oom_exit_to_status: Option<Summary>,
     /// Anything that went wrong in this run (a failed kill, a timeout).
     pub errors: Vec<String>,
     /// Kills and OOM kills whose status took longer than
@@ -191,6 +197,12 @@ const METRICS: &[Metric] = &[
     }),
     ("OOM → OOMKilled p99 (ms)", |r| {
         Some(r.oom_to_status.as_ref()?.p99_ms)
+    }),
+    ("OOM: init exit (kernel) → OOMKilled p50 (ms)", |r| {
+        Some(r.oom_exit_to_status.as_ref()?.p50_ms)
+    }),
+    ("OOM: init exit (kernel) → OOMKilled p99 (ms)", |r| {
+        Some(r.oom_exit_to_status.as_ref()?.p99_ms)
     }),
     ("idle evlet CPU (% of a core)", |r| Some(r.evlet_cpu_pct)),
     ("idle containerd CPU (% of a core)", |r| {

@@ -11,7 +11,8 @@
 //!    EXITED (polled every 1 ms: the floor of any agent that reads the runtime),
 //!    and → the pod's replacement container running (`restartPolicy: Always`);
 //! 4. OOM kills (10, one pod each): the kernel's message on `/dev/kmsg` → `OOMKilled`
-//!    in the pod status;
+//!    in the pod status, and (in `ebpf`) the victim's exit as the kernel recorded it
+//!    → `OOMKilled`: the agent's part, without the kernel's teardown of the victim;
 //! 5. once per N, the CRI status calls a relist makes (PodSandboxStatus + ContainerStatus)
 //!    against the N real pods: calls/s and latency, one at a time and 8 in flight;
 //! 6. once per N, before the agents, the runtime's floor (`evlet_bench::floor`):
@@ -410,6 +411,32 @@ async fn slow_timeline(
         .push(format!("{what} {name} {ms:.1} ms: {entries}"));
 }
 
+/// When the kernel recorded the exit of `name`'s container init, from the
+/// pod's timeline (its kernel time converted to wall time by the agent): the
+/// first such exit after `after`, less a millisecond for the clocks' rounding.
+/// None in the modes without kernel records.
+async fn kernel_exit(agent: &Agent, name: &str, after: SystemTime) -> Option<SystemTime> {
+    let from = after
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .ok()?
+        .as_nanos()
+        .saturating_sub(1_000_000);
+    let timeline = agent
+        .http
+        .json(&format!("/debug/pods/default/{name}/timeline"))
+        .await
+        .ok()??;
+    let ns = timeline["entries"]
+        .as_array()?
+        .iter()
+        .filter(|e| {
+            e["source"] == "kernel" && e["what"].as_str().is_some_and(|w| w.contains("exited"))
+        })
+        .filter_map(|e| u64::try_from(e["unixNs"].as_i64()?).ok())
+        .find(|&ns| u128::from(ns) >= from)?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(ns))
+}
+
 /// Waits on `/dev/kmsg` for the kernel's OOM-kill message about `comm`.
 fn kmsg_oom(comm: &'static str) -> Result<tokio::sync::oneshot::Receiver<Instant>> {
     use std::io::{Read as _, Seek as _, SeekFrom};
@@ -444,6 +471,7 @@ async fn oom(
     run: &mut Run,
 ) -> Result<()> {
     let mut lat = Vec::new();
+    let mut from_exit = Vec::new();
     for k in 0..plan.ooms {
         let killed = kmsg_oom("memhog")?;
         write_manifest(
@@ -466,6 +494,10 @@ async fn oom(
                 let took = seen.saturating_duration_since(kernel);
                 lat.push(took);
                 let at = SystemTime::now() - kernel.elapsed();
+                let seen_at = SystemTime::now() - seen.elapsed();
+                if let Some(exit) = kernel_exit(agent, &name, at).await {
+                    from_exit.push(seen_at.duration_since(exit).unwrap_or_default());
+                }
                 slow_timeline(agent, &name, "OOM kill", at, took, run).await;
             }
             (None, _) => run
@@ -477,6 +509,7 @@ async fn oom(
         }
     }
     run.oom_to_status = Summary::of(&lat);
+    run.oom_exit_to_status = Summary::of(&from_exit);
     run.oom_to_status_ms = run.oom_to_status.as_ref().map(|s| s.p50_ms);
     Ok(())
 }
