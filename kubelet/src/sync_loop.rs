@@ -549,13 +549,12 @@ impl SyncLoop {
         // once all sources are ready), nor finished ones in a reclaim.
         let remove_all: BTreeSet<PodUid> = if self.config.sources_ready() {
             self.workers
-                .views()
-                .into_iter()
-                .filter(|v| {
+                .views_where(|v| {
                     crate::eviction::is_evicted(&v.status)
                         || (reclaim
                             && matches!(v.status.phase.as_deref(), Some("Succeeded" | "Failed")))
                 })
+                .into_iter()
                 .map(|v| pod::uid(&v.pod))
                 .collect()
         } else {

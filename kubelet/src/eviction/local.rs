@@ -4,7 +4,7 @@
 //! containers (writable layer and logs) is over its own limit, whatever the
 //! node's signals say.
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use crate::stats::PodStats;
 
@@ -17,15 +17,24 @@ pub const CONTAINER: &str = "ephemeralcontainerfs.limit";
 
 /// The pod's emptyDirs with a `sizeLimit`: name, the limit as written, bytes.
 pub fn empty_dir_limits(pod: &Pod) -> Vec<(String, String, i64)> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
+    volumes(pod)
         .filter_map(|v| {
-            let q = v.empty_dir.as_ref()?.size_limit.as_ref()?;
-            let limit = crate::quantity::parse(&q.0).ok().filter(|l| *l > 0)?;
-            Some((v.name.clone(), q.0.clone(), limit))
+            let (limit, text) = empty_dir_limit(v)?;
+            Some((v.name.clone(), text.to_owned(), limit))
         })
         .collect()
+}
+
+fn volumes(pod: &Pod) -> impl Iterator<Item = &Volume> {
+    pod.spec.iter().flat_map(|s| s.volumes.iter().flatten())
+}
+
+/// An emptyDir's `sizeLimit`: bytes and the text as written (None when not
+/// an emptyDir, or absent, zero or unparsable).
+fn empty_dir_limit(v: &Volume) -> Option<(i64, &str)> {
+    let q = v.empty_dir.as_ref()?.size_limit.as_ref()?;
+    let limit = crate::quantity::parse(&q.0).ok().filter(|l| *l > 0)?;
+    Some((limit, q.0.as_str()))
 }
 
 /// Upstream's message for an emptyDir over its limit.
@@ -60,12 +69,7 @@ pub fn has_storage_limits(pod: &Pod) -> bool {
 /// Does `pod` limit its local storage at all (an emptyDir's `sizeLimit` or a
 /// container's `limits.ephemeral-storage`)? Only such pods are measured.
 pub fn limits_local_storage(pod: &Pod) -> bool {
-    has_storage_limits(pod)
-        || pod
-            .spec
-            .iter()
-            .flat_map(|s| s.volumes.iter().flatten())
-            .any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()))
+    has_storage_limits(pod) || volumes(pod).any(|v| empty_dir_limit(v).is_some())
 }
 
 /// The pod's ephemeral storage limit (upstream's `PodLimits`): the app
