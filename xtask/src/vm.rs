@@ -407,6 +407,21 @@ fn tail(log: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The failed tests' panics in `log`: each `panicked at` line with the
+/// `n` lines after it (the assertion and its values), which a log tail full
+/// of the runtime's output leaves out.
+fn test_panics(log: &Path, n: usize) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("panicked at"))
+        .map(|(i, _)| lines[i..lines.len().min(i + 1 + n)].join("\n"))
+        .collect::<Vec<_>>()
+        .join("\n--\n")
+}
+
 const PANICS: [&str; 3] = [
     "end Kernel panic",
     "rcu: RCU grace-period kthread stack dump:",
@@ -609,6 +624,10 @@ fn boot_one(
     );
     if !b.success {
         eprintln!("vm-test: {label} ({what}) log tail:\n{}", tail(&log, 60));
+        let panics = test_panics(&log, 8);
+        if !panics.is_empty() {
+            eprintln!("vm-test: {label} ({what}) test panics:\n{panics}");
+        }
     }
     Ok(b)
 }

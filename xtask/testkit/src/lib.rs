@@ -38,6 +38,17 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
+/// The slack a node test allows on top of a time the agent promises (a
+/// grace period) for the runtime's own teardown and the PLEG's detection:
+/// `host` on the host, `EVLET_E2E_SLACK_SECS` where the whole node is slower
+/// (`cargo xtask vm-test`'s emulated guests).
+pub fn slack(host: std::time::Duration) -> std::time::Duration {
+    std::env::var("EVLET_E2E_SLACK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(host, std::time::Duration::from_secs)
+}
+
 fn skip(test: &str, why: &str) {
     if in_ci() {
         panic!("privileged test {test} cannot run in CI: {why}");
