@@ -318,6 +318,7 @@ pub async fn start(
         syncer,
         container_gc: config.container_gc,
         qos_stale: true,
+        swept_orphans: false,
         metrics: Arc::clone(&metrics),
         served: Arc::clone(&served),
         hints: pleg.hints.clone(),

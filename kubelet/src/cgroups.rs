@@ -37,28 +37,92 @@ fn hierarchies() -> Vec<PathBuf> {
     mounts().into_iter().map(|m| m.root).collect()
 }
 
-fn remove_tree(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        {
-            remove_tree(&e.path());
+/// Removes `dir` and the cgroups below it, deepest first; what cannot be
+/// removed stays. Processes still in them are killed first (the pod is
+/// finished: whatever runs there escaped its containers' teardown), as
+/// upstream's pod container manager does before it destroys a pod's cgroup.
+fn remove_tree(dir: &Path, killed: &mut usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+    {
+        remove_tree(&e.path(), killed);
+    }
+    for pid in procs(dir) {
+        // SAFETY: kill(2) of a process inside a finished pod's own cgroup.
+        if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+            *killed += 1;
         }
     }
     let _ = std::fs::remove_dir(dir);
 }
 
+/// Whether a process runs in the cgroup `dir` or below it.
+pub fn has_processes(dir: &Path) -> bool {
+    !procs(dir).is_empty()
+        || std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .any(|e| has_processes(&e.path()))
+        })
+}
+
+/// The processes in the cgroup `dir` (`cgroup.procs`).
+fn procs(dir: &Path) -> Vec<libc::pid_t> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter(|&p| p > 0)
+        .collect()
+}
+
 /// Removes the cgroup `path` (e.g. `/kubepods/burstable/pod<uid>`) and what is
-/// below it in every hierarchy. Cgroups that still hold processes stay (rmdir fails).
-pub fn remove(path: &str) {
+/// below it in every hierarchy, killing the processes left in it.
+///
+/// # Errors
+/// The directory that is still there: a killed process the kernel has not
+/// let go of yet, or a child cgroup the runtime still removes. The caller
+/// tries again, as upstream's pod worker does.
+pub fn remove(path: &str) -> Result<(), RemoveError> {
     let rel = path.trim_start_matches('/');
     if rel.is_empty() {
-        return;
+        return Ok(());
     }
+    let mut killed = 0;
+    let mut left = None;
     for root in hierarchies() {
-        remove_tree(&root.join(rel));
+        let dir = root.join(rel);
+        remove_tree(&dir, &mut killed);
+        if left.is_none() && dir.is_dir() {
+            left = Some(dir);
+        }
     }
+    if killed > 0 {
+        tracing::warn!(
+            cgroup = path,
+            killed,
+            "killed processes left in a finished pod's cgroup"
+        );
+    }
+    match left {
+        None => Ok(()),
+        Some(dir) => Err(RemoveError { dir, killed }),
+    }
+}
+
+/// A cgroup directory that could not be removed yet.
+#[derive(Debug, thiserror::Error)]
+#[error("{} is still busy ({killed} processes killed in it just now)", dir.display())]
+pub struct RemoveError {
+    /// The directory still there.
+    pub dir: PathBuf,
+    /// The processes killed in this attempt.
+    pub killed: usize,
 }
 
 /// The root of the v1 hierarchy holding `controller` (`cpu`, `memory`, `pids`).

@@ -68,6 +68,8 @@ pub struct SyncLoop {
     pub container_gc: crate::container_gc::Policy,
     /// The pods changed since the QoS cgroups were last brought in line.
     pub qos_stale: bool,
+    /// What pods gone while the agent was down left behind was looked for.
+    pub swept_orphans: bool,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// What the HTTP endpoint serves (sources-ready flag).
@@ -514,6 +516,11 @@ impl SyncLoop {
         if !self.config.sources_ready() {
             return;
         }
+        // Leftovers of pods gone while the agent was down go as soon as the
+        // sources tell which pods are wanted, then with each container GC.
+        if !self.swept_orphans {
+            self.clean_orphans();
+        }
         let undesired = self.cache.known_where(|s| !self.pods.contains_key(&s.uid));
         for status in undesired {
             if self.workers.has(&status.uid) {
@@ -526,25 +533,45 @@ impl SyncLoop {
         }
     }
 
+    /// Removes what pods neither desired, nor worked on, nor in the runtime
+    /// left behind: their directories (an agent that went down mid-way, a pod
+    /// removed while it was down) and their cgroups (upstream's
+    /// cleanupOrphanedPodCgroups). Only once every source has reported, like
+    /// orphaned pods, and the runtime has been listed whole (a pod it still
+    /// runs keeps its own until its worker has stopped it gracefully).
+    fn clean_orphans(&mut self) {
+        if !self.config.sources_ready() || self.cache.global().is_none() {
+            return;
+        }
+        self.swept_orphans = true;
+        let keep: BTreeSet<String> = self
+            .pods
+            .keys()
+            .chain(self.workers.uids().iter())
+            .map(|u| u.0.clone())
+            .chain(self.cache.known().iter().map(|s| s.uid.0.clone()))
+            .collect();
+        // Listed in this turn, where no pod is added between the listing and `keep`.
+        let cgroups: Vec<String> = self
+            .syncer
+            .cgroups()
+            .pod_uids()
+            .into_iter()
+            .filter(|uid| !keep.contains(uid))
+            .collect();
+        let syncer = Arc::clone(&self.syncer);
+        tokio::spawn(async move {
+            syncer.remove_orphan_cgroups(&cgroups).await;
+            syncer.clean_orphan_dirs(keep).await;
+        });
+    }
+
     /// One container collection: how many dead containers it removes, and
     /// the tasks removing them. A node-level reclaim (`reclaim`, the eviction
     /// manager's) also takes every dead container and stopped sandbox of the
     /// pods that finished (upstream's `evictNonDeletedPods`).
     fn container_gc(&mut self, reclaim: bool) -> (usize, Vec<tokio::task::JoinHandle<()>>) {
-        // Pod directories of pods neither desired, nor worked on, nor in the
-        // runtime: left by an agent that went down mid-way (once sources are
-        // ready, like orphaned pods).
-        if self.config.sources_ready() {
-            let keep: BTreeSet<String> = self
-                .pods
-                .keys()
-                .chain(self.workers.uids().iter())
-                .map(|u| u.0.clone())
-                .chain(self.cache.known().iter().map(|s| s.uid.0.clone()))
-                .collect();
-            let syncer = Arc::clone(&self.syncer);
-            tokio::spawn(async move { syncer.clean_orphan_dirs(keep).await });
-        }
+        self.clean_orphans();
         // Evicted pods keep no container (upstream's ShouldPodContentBeRemoved,
         // once all sources are ready), nor finished ones in a reclaim.
         let remove_all: BTreeSet<PodUid> = if self.config.sources_ready() {

@@ -471,7 +471,7 @@ impl Worker {
         match self.shared.syncer.release_finished(pod).await {
             Ok(()) => *released = true,
             Err(e) => {
-                tracing::warn!(pod = %pod::key(pod), error = %e, "releasing a finished pod's volumes failed; retrying");
+                tracing::warn!(pod = %pod::key(pod), error = %e, "releasing a finished pod's volumes and cgroup failed; retrying");
                 *next_resync = Some(Instant::now() + Duration::from_secs(1));
             }
         }

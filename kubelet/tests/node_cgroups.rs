@@ -65,6 +65,33 @@ impl Cgroups {
         root.join(path.trim_start_matches('/')).is_dir()
     }
 
+    /// Makes the cgroup `path` (in the memory hierarchy on v1).
+    fn make(&self, path: &str) {
+        let root = match self {
+            Self::V1 => evlet::cgroups::v1_controller_root("memory").expect("a v1 controller"),
+            Self::V2(root) => root.clone(),
+        };
+        let dir = root.join(path.trim_start_matches('/'));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    }
+
+    /// Moves the process `pid` into a new cgroup `stray` below `path` (in
+    /// the memory hierarchy on v1), as a container's would be: on v2 a
+    /// cgroup that passes controllers down holds no processes itself.
+    fn enter(&self, path: &str, pid: u32) {
+        let root = match self {
+            Self::V1 => evlet::cgroups::v1_controller_root("memory").expect("a v1 controller"),
+            Self::V2(root) => root.clone(),
+        };
+        let stray = format!("{path}/stray");
+        self.make(&stray);
+        let procs = root
+            .join(stray.trim_start_matches('/'))
+            .join("cgroup.procs");
+        std::fs::write(&procs, pid.to_string())
+            .unwrap_or_else(|e| panic!("{}: {e}", procs.display()));
+    }
+
     /// The memory limit (`memory.limit_in_bytes`, `memory.max`).
     fn memory(&self, path: &str) -> String {
         match self {
@@ -353,6 +380,14 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
             // its QoS class.
             agent.stop().await;
             api.delete_pod("default", &w.pod_name("burstable"), Some(0));
+            // A pod cgroup of a pod the runtime no longer has either (as
+            // after a node's runtime state was wiped) goes too, as upstream's
+            // cleanupOrphanedPodCgroups removes it. With the systemd driver
+            // only systemd makes slices: there the orphan slice is not faked.
+            let gone = path(&["kubepods", "besteffort", "pod0f1e2d3c-gone"]);
+            if support::cgroup_driver() == evlet::cm::Driver::Cgroupfs {
+                cg.make(&gone);
+            }
             let agent = w.start_with(config).await;
             eventually(
                 Duration::from_secs(60),
@@ -360,14 +395,73 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                 || async { (!cg.exists(&b)).then_some(()) },
             )
             .await;
+            eventually(
+                Duration::from_secs(20),
+                "the cgroup of a pod the runtime does not have removed",
+                || async { (!cg.exists(&gone)).then_some(()) },
+            )
+            .await;
             assert!(cg.exists(&g), "the guaranteed pod's cgroup stays");
+            // A process left in a deleted pod's cgroup is killed and the
+            // cgroup goes all the same (upstream's pod container manager).
+            let stray = Stray::spawn();
+            cg.enter(&g, stray.pid());
             for name in ["guaranteed", "besteffort"] {
                 api.delete_pod("default", &w.pod_name(name), Some(0));
             }
+            let killed = eventually(
+                Duration::from_secs(30),
+                "the stray process killed",
+                || async { stray.exited() },
+            )
+            .await;
+            eventually(
+                Duration::from_secs(30),
+                "the deleted pod's cgroup removed",
+                || async { (!cg.exists(&g)).then_some(()) },
+            )
+            .await;
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&killed),
+                Some(libc::SIGKILL),
+                "{killed}"
+            );
             agent.stop().await;
         },
     )
     .await;
+}
+
+/// A `sleep` the test started, killed and reaped when dropped, so a failed
+/// test leaves none behind.
+struct Stray(std::sync::Mutex<std::process::Child>);
+
+impl Stray {
+    fn spawn() -> Self {
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep");
+        Self(std::sync::Mutex::new(child))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.lock().expect("child").id()
+    }
+
+    /// How it ended, once it has.
+    fn exited(&self) -> Option<std::process::ExitStatus> {
+        self.0.lock().expect("child").try_wait().expect("wait")
+    }
+}
+
+impl Drop for Stray {
+    fn drop(&mut self) {
+        if let Ok(child) = self.0.get_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// The cgroup `pid` is in for the memory controller (v1) or the unified

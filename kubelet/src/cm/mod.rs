@@ -139,6 +139,29 @@ impl Names {
     pub fn pod_placements(&self, uid: &str) -> [String; 3] {
         [Qos::Guaranteed, Qos::Burstable, Qos::BestEffort].map(|q| self.pod_in(q, uid))
     }
+
+    /// The cgroups that hold pods' cgroups: the pods' own (Guaranteed pods
+    /// are in it) and the two tiers.
+    pub fn pod_parents(&self) -> [String; 3] {
+        [self.pods(), self.tier("burstable"), self.tier("besteffort")]
+    }
+
+    /// The UID of the pod whose cgroup `leaf` is, a directory found in
+    /// `parent` (one of [`Self::pod_parents`]): `pod<uid>`, with the systemd
+    /// driver `<parent's name>-pod<uid>.slice`. None for anything else (a
+    /// tier, a cgroup not made for a pod).
+    pub fn pod_uid_of(&self, parent: &str, leaf: &str) -> Option<String> {
+        let uid = match self.driver {
+            Driver::Cgroupfs => leaf.strip_prefix("pod")?.to_owned(),
+            Driver::Systemd => leaf
+                .strip_suffix(".slice")?
+                .rsplit_once("-pod")?
+                .1
+                .replace('_', "-"),
+        };
+        let path = format!("{}/{leaf}", parent.trim_end_matches('/'));
+        (!uid.is_empty() && self.pod_placements(&uid).contains(&path)).then_some(uid)
+    }
 }
 
 /// Where the limits are written.
@@ -210,6 +233,9 @@ pub enum CgroupError {
     /// systemd refused or failed (systemd driver).
     #[error(transparent)]
     Systemd(Box<systemd::SystemdError>),
+    /// A cgroup that could not be removed yet (cgroupfs driver).
+    #[error(transparent)]
+    Busy(crate::cgroups::RemoveError),
 }
 
 impl From<systemd::SystemdError> for CgroupError {
@@ -290,24 +316,76 @@ impl CgroupManager {
         .await
     }
 
-    /// Removes the pod's cgroup (the runtime removed the containers' below),
+    /// Removes the pod's cgroup (the runtime removes the containers' below),
     /// wherever its QoS class put it: an orphan's spec, rebuilt from the
-    /// runtime, carries no resources to tell. Best effort: a cgroup still
-    /// busy is logged and left.
-    pub async fn remove_pod(&self, pod: &Pod) {
+    /// runtime, carries no resources to tell.
+    ///
+    /// # Errors
+    /// A cgroup still there (a container's the runtime has not removed yet,
+    /// or a process not yet gone): the caller tries again.
+    pub async fn remove_pod(&self, pod: &Pod) -> Result<(), CgroupError> {
+        self.remove_uid(&crate::pod::uid(pod).0).await
+    }
+
+    /// [`Self::remove_pod`] for the pod `uid`.
+    ///
+    /// # Errors
+    /// As [`Self::remove_pod`].
+    pub async fn remove_uid(&self, uid: &str) -> Result<(), CgroupError> {
         if matches!(self.layout, Layout::Off) {
-            return;
+            return Ok(());
         }
-        for path in self.names.pod_placements(&crate::pod::uid(pod).0) {
-            match &self.systemd {
-                Some(systemd) => {
-                    if let Err(e) = systemd.stop(&path).await {
-                        tracing::warn!(cgroup = %path, error = %e, "cannot remove the pod's cgroup");
-                    }
-                }
-                None => crate::cgroups::remove(&path),
+        let mut first = Ok(());
+        for path in self.names.pod_placements(uid) {
+            let removed = match &self.systemd {
+                Some(systemd) => systemd.stop(&path).await.map_err(CgroupError::from),
+                None => crate::cgroups::remove(&path).map_err(CgroupError::Busy),
+            };
+            if first.is_ok() {
+                first = removed;
             }
         }
+        first
+    }
+
+    /// Where the pods' cgroups are read: the memory hierarchy on v1.
+    fn listing_root(&self) -> Option<&Path> {
+        match &self.layout {
+            Layout::V1 { cpu, memory, pids } => memory.as_ref().or(cpu.as_ref()).or(pids.as_ref()),
+            Layout::V2(root) => Some(root),
+            Layout::Off => None,
+        }
+        .map(PathBuf::as_path)
+    }
+
+    /// Whether a process still runs in the cgroup of the pod `uid`.
+    pub fn pod_has_processes(&self, uid: &str) -> bool {
+        self.listing_root().is_some_and(|root| {
+            self.names
+                .pod_placements(uid)
+                .iter()
+                .any(|p| crate::cgroups::has_processes(&root.join(p.trim_start_matches('/'))))
+        })
+    }
+
+    /// The UIDs of the pods that have a cgroup.
+    pub fn pod_uids(&self) -> Vec<String> {
+        let Some(root) = self.listing_root() else {
+            return Vec::new();
+        };
+        let mut uids = Vec::new();
+        for parent in self.names.pod_parents() {
+            let Ok(entries) = std::fs::read_dir(root.join(parent.trim_start_matches('/'))) else {
+                continue;
+            };
+            uids.extend(
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .filter_map(|e| self.names.pod_uid_of(&parent, e.file_name().to_str()?)),
+            );
+        }
+        uids
     }
 
     /// Sets the burstable tier's shares from the active pods' requests, when
@@ -460,6 +538,44 @@ mod tests {
         assert_eq!(read("pids/evlet/kubepods/burstable/podu1/pids.max"), "100");
         m.update_qos([&pod]).await.expect("qos");
         assert_eq!(read("cpu/evlet/kubepods/burstable/cpu.shares"), "102");
+        // The pods with a cgroup are found by their directories' names.
+        std::fs::create_dir_all(dir.path().join("memory/evlet/kubepods/podu3")).expect("mkdir");
+        std::fs::create_dir_all(dir.path().join("memory/evlet/kubepods/besteffort/x"))
+            .expect("mkdir");
+        let mut uids = m.pod_uids();
+        uids.sort();
+        assert_eq!(uids, ["u1", "u3"]);
+    }
+
+    #[test]
+    fn a_pods_cgroup_names_its_uid_under_either_driver() {
+        let uid = "0b5c2e1a-8d3f-4e2b-9c1d-7f6e5d4c3b2a";
+        for driver in [Driver::Cgroupfs, Driver::Systemd] {
+            let names = Names::new(driver, "/evlet-node/");
+            for (parent, path) in names.pod_parents().iter().zip(names.pod_placements(uid)) {
+                let leaf = path.rsplit('/').next().expect("leaf");
+                assert_eq!(
+                    names.pod_uid_of(parent, leaf).as_deref(),
+                    Some(uid),
+                    "{path}"
+                );
+            }
+            assert_eq!(names.pod_uid_of(&names.pods(), "pod"), None);
+            assert_eq!(names.pod_uid_of(&names.pods(), "burstable"), None);
+            assert_eq!(
+                names.pod_uid_of(&names.tier("burstable"), "system.slice"),
+                None
+            );
+        }
+        let systemd = Names::new(Driver::Systemd, "/");
+        assert_eq!(
+            systemd.pod_uid_of(
+                "/kubepods.slice/kubepods-besteffort.slice",
+                "kubepods-burstable-podab_cd.slice"
+            ),
+            None,
+            "a burstable pod's name under the besteffort tier"
+        );
     }
 
     #[tokio::test]

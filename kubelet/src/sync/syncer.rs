@@ -44,6 +44,9 @@ pub enum SyncError {
     /// The pod's volumes could not be torn down (a mount is busy).
     #[error("tearing down the pod's volumes: {0}")]
     TearDown(#[source] std::io::Error),
+    /// The finished pod's cgroup could not be removed yet.
+    #[error("removing the pod's cgroup: {0}")]
+    Cgroup(#[source] crate::cm::CgroupError),
     /// The sync was cancelled (the pod is being terminated).
     #[error("sync cancelled")]
     Cancelled,

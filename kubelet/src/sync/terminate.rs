@@ -264,7 +264,8 @@ impl Syncer {
     /// evicted pod's: until the container GC removes them).
     ///
     /// # Errors
-    /// A volume that could not be unmounted (the worker tries again).
+    /// A volume that could not be unmounted, or a cgroup not yet removable
+    /// (the worker tries again).
     pub async fn release_finished(&self, pod: &Pod) -> Result<(), SyncError> {
         let volumes = Arc::clone(&self.volumes);
         let uid = pod::uid(pod).0;
@@ -272,8 +273,28 @@ impl Syncer {
             .await
             .map_err(|e| SyncError::TearDown(std::io::Error::other(e)))?
             .map_err(SyncError::TearDown)?;
-        self.cgroups().remove_pod(pod).await;
-        Ok(())
+        self.cgroups()
+            .remove_pod(pod)
+            .await
+            .map_err(SyncError::Cgroup)
+    }
+
+    /// Removes the cgroups of the pods `uids`, which are gone (neither
+    /// desired, nor worked on, nor in the runtime as last listed); one still
+    /// busy is tried again in the next pass. One where a process runs is
+    /// left alone: the runtime may still have that pod (a listing that
+    /// missed it), which only its worker stops, gracefully.
+    pub async fn remove_orphan_cgroups(&self, uids: &[String]) {
+        for uid in uids {
+            if self.cgroups().pod_has_processes(uid) {
+                tracing::warn!(pod = %uid, "the cgroup of a pod that is gone still has processes; leaving it");
+                continue;
+            }
+            tracing::info!(pod = %uid, "removing the cgroup of a pod that is gone");
+            if let Err(e) = self.cgroups().remove_uid(uid).await {
+                tracing::warn!(pod = %uid, error = %e, "cannot remove an orphaned pod cgroup");
+            }
+        }
     }
 
     /// Tears down the directories (and mounts) of pods that are gone: not in
