@@ -32,19 +32,37 @@ pub struct Owner {
 /// Parses a cgroup path into pod UID and container ID (cgroupfs or systemd layout).
 pub fn parse_path(path: &str) -> Option<(PodUid, Option<String>)> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    let (i, uid) = parts.iter().enumerate().find_map(|(i, p)| {
-        let p = p.strip_suffix(".slice").unwrap_or(p);
-        let pod = p
-            .rsplit_once("-pod")
-            .map(|(_, u)| u)
-            .or_else(|| p.strip_prefix("pod"))?;
-        (!pod.is_empty()).then(|| (i, pod.replace('_', "-")))
-    })?;
+    let (i, uid) =
+        (1..parts.len()).find_map(|i| pod_segment(&parts[..i], parts[i]).map(|u| (i, u)))?;
     let container = parts.get(i + 1).map(|c| {
         let c = c.strip_suffix(".scope").unwrap_or(c);
         c.rsplit_once('-').map_or(c, |(_, id)| id).to_owned()
     });
     Some((PodUid(uid), container))
+}
+
+/// The UID of the pod whose cgroup `segment` is, below the path `above`
+/// (the pods' cgroup or a QoS tier's), as upstream names it: cgroupfs
+/// `kubepods[/burstable|/besteffort]/pod<uid>`, where the UID is taken whole
+/// (even one with `-pod` in it); systemd `<parent's name>-pod<uid>.slice`
+/// inside that parent slice, the UID's dashes escaped as `_`.
+fn pod_segment(above: &[&str], segment: &str) -> Option<String> {
+    let parent = *above.last()?;
+    let uid = match segment.strip_suffix(".slice") {
+        Some(stem) => {
+            let (prefix, uid) = stem.rsplit_once("-pod")?;
+            (parent.strip_suffix(".slice")? == prefix).then(|| uid.replace('_', "-"))?
+        }
+        None => {
+            let tiered = matches!(parent, "burstable" | "besteffort")
+                && above.len() >= 2
+                && above[above.len() - 2] == "kubepods";
+            (parent == "kubepods" || tiered)
+                .then(|| segment.strip_prefix("pod"))??
+                .to_owned()
+        }
+    };
+    (!uid.is_empty()).then_some(uid)
 }
 
 /// What a process exit in a pod's cgroup means.
@@ -178,6 +196,28 @@ mod tests {
             Some((PodUid::from("12-34"), Some("abc".into())))
         );
         assert_eq!(parse_path("/kubepods/burstable"), None);
+        // A UID with `-pod` in it (the mock API server's; a static pod's
+        // own `metadata.uid` can be any string) is taken whole.
+        assert_eq!(
+            parse_path("/e2e1-0/kubepods/besteffort/pod0b80-0003-mock-pods/c1"),
+            Some((PodUid::from("0b80-0003-mock-pods"), Some("c1".into())))
+        );
+        assert_eq!(
+            parse_path(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b80_0003_mock_pods.slice/cri-containerd-c1.scope"
+            ),
+            Some((PodUid::from("0b80-0003-mock-pods"), Some("c1".into())))
+        );
+        assert_eq!(
+            parse_path(
+                "/evlet_node.slice/evlet_node-kubepods.slice/evlet_node-kubepods-podu1.slice"
+            ),
+            Some((PodUid::from("u1"), None))
+        );
+        // Outside the pods' tree nothing is a pod's cgroup.
+        assert_eq!(parse_path("/podman/c1"), None);
+        assert_eq!(parse_path("/system.slice/podman-pod1.slice/c1"), None);
+        assert_eq!(parse_path("/x/burstable/pod1/c1"), None);
     }
 
     #[test]
