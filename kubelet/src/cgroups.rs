@@ -38,37 +38,65 @@ fn hierarchies() -> Vec<PathBuf> {
 }
 
 /// Removes `dir` and the cgroups below it, deepest first; what cannot be
-/// removed stays. Processes still in them are killed first (the pod is
-/// finished: whatever runs there escaped its containers' teardown), as
-/// upstream's pod container manager does before it destroys a pod's cgroup.
-fn remove_tree(dir: &Path, killed: &mut usize) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-    {
-        remove_tree(&e.path(), killed);
-    }
-    for pid in procs(dir) {
-        // SAFETY: kill(2) of a process inside a finished pod's own cgroup.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
-            *killed += 1;
-        }
+/// removed stays.
+fn remove_tree(dir: &Path) {
+    for child in children(dir) {
+        remove_tree(&child);
     }
     let _ = std::fs::remove_dir(dir);
 }
 
-/// Whether a process runs in the cgroup `dir` or below it.
-pub fn has_processes(dir: &Path) -> bool {
-    !procs(dir).is_empty()
-        || std::fs::read_dir(dir).is_ok_and(|entries| {
+/// SIGKILLs the processes in `dir` and the cgroups below it; how many.
+fn kill_tree(dir: &Path) -> usize {
+    let mut killed = children(dir).iter().map(|c| kill_tree(c)).sum();
+    for pid in procs(dir) {
+        // SAFETY: kill(2) of a process inside a finished pod's own cgroup.
+        if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// The cgroups right below `dir`.
+fn children(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
             entries
                 .filter_map(|e| e.ok())
                 .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .any(|e| has_processes(&e.path()))
+                .map(|e| e.path())
+                .collect()
         })
+        .unwrap_or_default()
+}
+
+/// Kills the processes left in the finished pod's cgroup `path` and below
+/// it, in every hierarchy, as upstream's pod container manager does before
+/// it destroys a pod's cgroup (whatever runs there escaped its containers'
+/// teardown); how many.
+pub fn kill(path: &str) -> usize {
+    let rel = path.trim_start_matches('/');
+    if rel.is_empty() {
+        return 0;
+    }
+    let killed = hierarchies()
+        .iter()
+        .map(|root| kill_tree(&root.join(rel)))
+        .sum();
+    if killed > 0 {
+        tracing::warn!(
+            cgroup = path,
+            killed,
+            "killed processes left in a finished pod's cgroup"
+        );
+    }
+    killed
+}
+
+/// Whether a process runs in the cgroup `dir` or below it.
+pub fn has_processes(dir: &Path) -> bool {
+    !procs(dir).is_empty() || children(dir).iter().any(|c| has_processes(c))
 }
 
 /// The processes in the cgroup `dir` (`cgroup.procs`).
@@ -82,7 +110,7 @@ fn procs(dir: &Path) -> Vec<libc::pid_t> {
 }
 
 /// Removes the cgroup `path` (e.g. `/kubepods/burstable/pod<uid>`) and what is
-/// below it in every hierarchy, killing the processes left in it.
+/// below it in every hierarchy, killing the processes left in it ([`kill`]).
 ///
 /// # Errors
 /// The directory that is still there: a killed process the kernel has not
@@ -93,21 +121,14 @@ pub fn remove(path: &str) -> Result<(), RemoveError> {
     if rel.is_empty() {
         return Ok(());
     }
-    let mut killed = 0;
+    let killed = kill(path);
     let mut left = None;
     for root in hierarchies() {
         let dir = root.join(rel);
-        remove_tree(&dir, &mut killed);
+        remove_tree(&dir);
         if left.is_none() && dir.is_dir() {
             left = Some(dir);
         }
-    }
-    if killed > 0 {
-        tracing::warn!(
-            cgroup = path,
-            killed,
-            "killed processes left in a finished pod's cgroup"
-        );
     }
     match left {
         None => Ok(()),

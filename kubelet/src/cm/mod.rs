@@ -338,7 +338,12 @@ impl CgroupManager {
         let mut first = Ok(());
         for path in self.names.pod_placements(uid) {
             let removed = match &self.systemd {
-                Some(systemd) => systemd.stop(&path).await.map_err(CgroupError::from),
+                Some(systemd) => {
+                    // systemd stops the units in a slice, not a process
+                    // someone moved into it: those are killed first.
+                    crate::cgroups::kill(&path);
+                    systemd.stop(&path).await.map_err(CgroupError::from)
+                }
                 None => crate::cgroups::remove(&path).map_err(CgroupError::Busy),
             };
             if first.is_ok() {
