@@ -331,6 +331,11 @@ impl Diagnostics {
             .cloned()
     }
 
+    /// The timeline of the pod `uid`.
+    pub fn timeline_of(&self, uid: &str) -> Option<timeline::PodTimeline> {
+        crate::lock::lock(&self.timelines).get(uid).cloned()
+    }
+
     /// The namespace, name and container name the timelines know for the pod
     /// `uid` and its container `id` (empty where unknown).
     pub fn identify(&self, uid: &str, id: &str) -> Option<(String, String, String)> {

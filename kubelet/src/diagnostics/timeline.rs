@@ -208,6 +208,11 @@ impl Timelines {
         ))
     }
 
+    /// The timeline of the pod `uid`.
+    pub fn get(&self, uid: &str) -> Option<&PodTimeline> {
+        self.pods.get(uid)
+    }
+
     /// The timeline of the pod `namespace/name` (the most recently touched,
     /// if several pods of that name were kept).
     pub fn find(&self, namespace: &str, name: &str) -> Option<&PodTimeline> {
@@ -250,6 +255,22 @@ impl Timelines {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dropped_timeline_started_again_is_found_by_uid_only() {
+        let mut t = Timelines::default();
+        t.name("u0", "default", "p0");
+        for i in 1..=KEEP_PODS {
+            t.record(&format!("u{i}"), 1, Source::Kernel, "exit".into());
+        }
+        assert!(t.get("u0").is_none(), "the least recently touched went");
+        t.record("u0", 2, Source::Kernel, "exit".into());
+        assert!(
+            t.find("default", "p0").is_none(),
+            "no name: the worker named it once"
+        );
+        assert_eq!(t.get("u0").map(|p| p.entries.len()), Some(1));
+    }
 
     #[test]
     fn each_pod_keeps_its_newest_entries_and_the_least_recent_pods_go() {

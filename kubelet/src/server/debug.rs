@@ -133,7 +133,17 @@ pub(super) async fn timeline(
     State(s): State<Arc<Served>>,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
-    match s.diagnostics.timeline(&namespace, &name) {
+    // A pod's timeline past the 256 kept is dropped, and started again by its
+    // next kernel or CRI entry without a name (the worker names a pod once):
+    // the running pod's UID finds it then.
+    let found = s.diagnostics.timeline(&namespace, &name).or_else(|| {
+        let uid = crate::pod::uid(&s.workers.find(&namespace, &name)?.pod);
+        let mut t = s.diagnostics.timeline_of(&uid.0)?;
+        t.namespace.clone_from(&namespace);
+        t.name.clone_from(&name);
+        Some(t)
+    });
+    match found {
         Some(t) => axum::Json(t).into_response(),
         None => (
             StatusCode::NOT_FOUND,
