@@ -76,14 +76,16 @@ fn children(dir: &Path) -> Vec<PathBuf> {
 /// it destroys a pod's cgroup (whatever runs there escaped its containers'
 /// teardown); how many.
 pub fn kill(path: &str) -> usize {
+    kill_in(&hierarchies(), path)
+}
+
+/// [`kill`] in the hierarchies mounted at `roots`.
+fn kill_in(roots: &[PathBuf], path: &str) -> usize {
     let rel = path.trim_start_matches('/');
     if rel.is_empty() {
         return 0;
     }
-    let killed = hierarchies()
-        .iter()
-        .map(|root| kill_tree(&root.join(rel)))
-        .sum();
+    let killed = roots.iter().map(|root| kill_tree(&root.join(rel))).sum();
     if killed > 0 {
         tracing::warn!(
             cgroup = path,
@@ -121,9 +123,10 @@ pub fn remove(path: &str) -> Result<(), RemoveError> {
     if rel.is_empty() {
         return Ok(());
     }
-    let killed = kill(path);
+    let roots = hierarchies();
+    let killed = kill_in(&roots, path);
     let mut left = None;
-    for root in hierarchies() {
+    for root in &roots {
         let dir = root.join(rel);
         remove_tree(&dir);
         if left.is_none() && dir.is_dir() {

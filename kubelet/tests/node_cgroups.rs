@@ -56,22 +56,23 @@ impl Cgroups {
             .to_owned()
     }
 
-    /// Whether the cgroup `path` exists (in the memory hierarchy on v1).
-    fn exists(&self, path: &str) -> bool {
+    /// The directory of the cgroup `path` (in the memory hierarchy on v1).
+    fn dir(&self, path: &str) -> PathBuf {
         let root = match self {
             Self::V1 => evlet::cgroups::v1_controller_root("memory").expect("a v1 controller"),
             Self::V2(root) => root.clone(),
         };
-        root.join(path.trim_start_matches('/')).is_dir()
+        root.join(path.trim_start_matches('/'))
+    }
+
+    /// Whether the cgroup `path` exists (in the memory hierarchy on v1).
+    fn exists(&self, path: &str) -> bool {
+        self.dir(path).is_dir()
     }
 
     /// Makes the cgroup `path` (in the memory hierarchy on v1).
     fn make(&self, path: &str) {
-        let root = match self {
-            Self::V1 => evlet::cgroups::v1_controller_root("memory").expect("a v1 controller"),
-            Self::V2(root) => root.clone(),
-        };
-        let dir = root.join(path.trim_start_matches('/'));
+        let dir = self.dir(path);
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     }
 
@@ -79,15 +80,9 @@ impl Cgroups {
     /// the memory hierarchy on v1), as a container's would be: on v2 a
     /// cgroup that passes controllers down holds no processes itself.
     fn enter(&self, path: &str, pid: u32) {
-        let root = match self {
-            Self::V1 => evlet::cgroups::v1_controller_root("memory").expect("a v1 controller"),
-            Self::V2(root) => root.clone(),
-        };
         let stray = format!("{path}/stray");
         self.make(&stray);
-        let procs = root
-            .join(stray.trim_start_matches('/'))
-            .join("cgroup.procs");
+        let procs = self.dir(&stray).join("cgroup.procs");
         std::fs::write(&procs, pid.to_string())
             .unwrap_or_else(|e| panic!("{}: {e}", procs.display()));
     }
