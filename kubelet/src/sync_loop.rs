@@ -57,7 +57,7 @@ pub struct SyncLoop {
     /// Merge of the sources.
     pub config: PodConfig,
     /// Desired pods by UID (upstream's pod manager).
-    pub pods: BTreeMap<PodUid, Pod>,
+    pub pods: BTreeMap<PodUid, Arc<Pod>>,
     /// The pod workers.
     pub workers: PodWorkers,
     /// The pod cache (orphans and container GC read it).
@@ -297,7 +297,7 @@ impl SyncLoop {
                 self.pods
                     .iter()
                     .filter(|(u, _)| !api.rejected.contains(*u) && !self.workers.is_terminal(u))
-                    .map(|(_, p)| p),
+                    .map(|(_, p)| &**p),
             )
         });
         let node = api.node.as_ref().and_then(api::node::SelfWatch::current);
@@ -372,15 +372,18 @@ impl SyncLoop {
     /// pod keeps the `spec.resources` it started with (its cgroup, its
     /// containers' limits and its QoS class stay consistent), and a Warning
     /// event says so.
-    fn keep_pod_resources(&self, pod: &mut Pod) {
+    fn keep_pod_resources(&self, pod: &mut Arc<Pod>) {
         let Some(old) = self.pods.get(&pod::uid(pod)) else {
             return;
         };
         let old = old.spec.as_ref().and_then(|s| s.resources.clone());
-        let Some(spec) = pod.spec.as_mut().filter(|s| s.resources != old) else {
+        if pod.spec.as_ref().is_none_or(|s| s.resources == old) {
             return;
-        };
-        spec.resources = old;
+        }
+        let pod = Arc::make_mut(pod);
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.resources = old;
+        }
         tracing::warn!(pod = %pod::key(pod), "pod update changes spec.resources, which evlet does not resize in place");
         self.syncer.record_pod_event(
             pod,
@@ -393,7 +396,7 @@ impl SyncLoop {
     /// A static source's pods with one pod per full name (`name_namespace`):
     /// the first in the source's order (file names sorted) is kept and the
     /// others are refused with upstream's `FailedValidation` event.
-    fn without_duplicate_names(&self, source: Source, pods: Vec<Pod>) -> Vec<Pod> {
+    fn without_duplicate_names(&self, source: Source, pods: Vec<Arc<Pod>>) -> Vec<Arc<Pod>> {
         if source == Source::Api {
             return pods;
         }
@@ -428,7 +431,7 @@ impl SyncLoop {
                 .map(|p| {
                     (
                         (pod::namespace(p).to_owned(), pod::name(p).to_owned()),
-                        p.clone(),
+                        Arc::clone(p),
                     )
                 })
                 .collect();
@@ -498,6 +501,7 @@ impl SyncLoop {
         self.pods
             .iter()
             .filter(|(uid, _)| !self.workers.is_terminal(uid))
+            .map(|(uid, p)| (uid, &**p))
     }
 
     /// Orphans: pods the runtime has that no source wants and no worker owns.

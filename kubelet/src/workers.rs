@@ -91,10 +91,15 @@ pub enum Phase {
 
 #[derive(Debug)]
 struct Pending {
-    pod: Pod,
+    pod: Arc<Pod>,
     kill: Option<Option<i64>>,
     /// Set by an eviction: the kill fails the pod with this reason and message.
     failure: Option<(String, String)>,
+}
+
+/// Is `new` the pod the worker holds (the same shared copy, or equal)?
+fn same_pod(held: Option<&Arc<Pod>>, new: &Arc<Pod>) -> bool {
+    held.is_some_and(|h| Arc::ptr_eq(h, new) || **h == **new)
 }
 
 #[derive(Debug)]
@@ -209,15 +214,22 @@ impl PodWorkers {
 
     /// Queues an update for `pod`'s worker, starting the worker if needed.
     /// A kill cancels an in-flight sync; a later sync never undoes a kill.
-    pub fn update(&self, pod: Pod, kind: UpdateKind) {
-        self.queue(pod, kind, None);
+    pub fn update(&self, pod: impl Into<Arc<Pod>>, kind: UpdateKind) {
+        self.queue(pod.into(), kind, None);
     }
 
     /// Fails a running pod for good (an eviction): it is killed with `grace`
     /// and then shown `Failed` with `reason` and `message`, never started
     /// again, and removed once its source drops it. A pod without a worker, or
     /// one already terminating, is left alone: false.
-    pub fn fail(&self, pod: Pod, grace: Option<i64>, reason: &str, message: &str) -> bool {
+    pub fn fail(
+        &self,
+        pod: impl Into<Arc<Pod>>,
+        grace: Option<i64>,
+        reason: &str,
+        message: &str,
+    ) -> bool {
+        let pod = pod.into();
         let uid = pod::uid(&pod);
         let running = lock(&self.shared.workers)
             .get(&uid)
@@ -232,7 +244,7 @@ impl PodWorkers {
         running
     }
 
-    fn queue(&self, pod: Pod, kind: UpdateKind, failure: Option<(String, String)>) {
+    fn queue(&self, pod: Arc<Pod>, kind: UpdateKind, failure: Option<(String, String)>) {
         let uid = pod::uid(&pod);
         let mut workers = lock(&self.shared.workers);
         let handle = workers.entry(uid.clone()).or_insert_with(|| {
@@ -274,14 +286,15 @@ impl PodWorkers {
     }
 
     /// Shows a pod that has no worker (rejected at admission) with `status`.
-    pub fn set_view(&self, pod: Pod, status: V1PodStatus) {
+    pub fn set_view(&self, pod: impl Into<Arc<Pod>>, status: V1PodStatus) {
+        let pod = pod.into();
         if let Some(sink) = &self.shared.status_sink {
             sink.set(&pod, &status);
         }
         lock(&self.shared.views).insert(
             pod::uid(&pod),
             PodView {
-                pod: Arc::new(pod),
+                pod,
                 status,
                 phase: Phase::Terminated,
             },
@@ -528,7 +541,7 @@ impl Worker {
                 if pod.is_none() {
                     self.shared.metrics.startup.seen(&p.pod);
                     self.shared.syncer.name_pod(&p.pod);
-                } else if operation != "create" && pod.as_deref() != Some(&p.pod) {
+                } else if operation != "create" && !same_pod(pod.as_ref(), &p.pod) {
                     operation = "update";
                 }
                 if p.failure.is_some() {
@@ -545,10 +558,11 @@ impl Worker {
                         _ => {}
                     }
                 }
-                if pod.as_deref() != Some(&p.pod) {
+                if !same_pod(pod.as_ref(), &p.pod) {
                     hashes = SpecHashes::of(&p.pod);
-                    pod = Some(Arc::new(p.pod));
                 }
+                // The latest copy: the one the sync loop holds too.
+                pod = Some(p.pod);
             } else if !run_now {
                 // Wait for an update or the resync timer.
                 let sleep = async {

@@ -391,7 +391,7 @@ async fn next_message(rx: &mut mpsc::Receiver<SourceMessage>) -> SourceMessage {
 
 async fn next_snapshot(rx: &mut mpsc::Receiver<SourceMessage>) -> Vec<Pod> {
     match next_message(rx).await {
-        SourceMessage::Snapshot(Source::Api, pods) => pods,
+        SourceMessage::Snapshot(Source::Api, pods) => pods.iter().map(|p| (**p).clone()).collect(),
         other => panic!("expected a snapshot, got {other:?}"),
     }
 }
@@ -403,7 +403,10 @@ async fn next_changes(rx: &mut mpsc::Receiver<SourceMessage>) -> (Vec<String>, V
             source: Source::Api,
             upserts,
             removed,
-        } => (names(&upserts), removed.into_iter().map(|u| u.0).collect()),
+        } => (
+            names(&upserts.iter().map(|p| (**p).clone()).collect::<Vec<_>>()),
+            removed.into_iter().map(|u| u.0).collect(),
+        ),
         other => panic!("expected changes, got {other:?}"),
     }
 }

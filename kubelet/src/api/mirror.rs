@@ -8,6 +8,7 @@
 //! precondition) when its static pod is gone.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -23,7 +24,7 @@ use crate::backoff::Retry;
 use crate::pod::{self, labels};
 
 /// Static pods by `(namespace, name)`.
-pub type Statics = BTreeMap<(String, String), Pod>;
+pub type Statics = BTreeMap<(String, String), Arc<Pod>>;
 
 /// Re-check period even without changes.
 const PERIOD: Duration = Duration::from_secs(10);
@@ -211,7 +212,7 @@ mod tests {
 
     #[test]
     fn missing_mirrors_are_created_stale_and_orphaned_ones_deleted() {
-        let statics: Statics = [(key(), static_pod("h2"))].into();
+        let statics: Statics = [(key(), Arc::new(static_pod("h2")))].into();
         assert_eq!(plan(&statics, &Mirrors::new()).create, [key()]);
         let current: Mirrors = [(key(), mirror("h2", "m1"))].into();
         assert_eq!(plan(&statics, &current), Plan::default());

@@ -8,6 +8,7 @@
 //! nothing is sent, so the last snapshot (and every pod) stays.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use futures_util::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
@@ -162,14 +163,17 @@ pub async fn run(
             mirrors.send_replace(store.mirrors.clone());
         }
         let message = if listed {
-            SourceMessage::Snapshot(Source::Api, store.pods.values().cloned().collect())
+            SourceMessage::Snapshot(
+                Source::Api,
+                store.pods.values().cloned().map(Arc::new).collect(),
+            )
         } else if pending.is_empty() {
             continue;
         } else {
             let (mut upserts, mut removed) = (Vec::new(), Vec::new());
             for (uid, p) in pending {
                 match p {
-                    Some(p) => upserts.push(p),
+                    Some(p) => upserts.push(Arc::new(p)),
                     None => removed.push(uid),
                 }
             }

@@ -3,8 +3,11 @@
 //!
 //! Every source sends whole snapshots; the merger diffs each against that
 //! source's previous snapshot (upstream's `PodConfigNotificationIncremental`).
+//! A pod is held once: the merger, the sync loop and the pod's worker share
+//! its `Arc`, and a snapshot's unchanged pods keep the one already held.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -51,7 +54,7 @@ pub struct PodUpdate {
     /// What changed.
     pub op: Op,
     /// The pods it changed.
-    pub pods: Vec<Pod>,
+    pub pods: Vec<Arc<Pod>>,
     /// Where they come from.
     pub source: Source,
 }
@@ -61,7 +64,7 @@ pub struct PodUpdate {
 pub struct PodConfig {
     expected: BTreeSet<Source>,
     seen: BTreeSet<Source>,
-    pods: BTreeMap<Source, BTreeMap<PodUid, Pod>>,
+    pods: BTreeMap<Source, BTreeMap<PodUid, Arc<Pod>>>,
 }
 
 /// Do `a` and `b` differ in the parts whose change is an UPDATE (spec, labels,
@@ -85,21 +88,26 @@ fn semantic_change(a: &Pod, b: &Pod) -> bool {
 /// The updates one merge implies, by operation.
 #[derive(Default)]
 struct Changes {
-    adds: Vec<Pod>,
-    updates: Vec<Pod>,
-    removes: Vec<Pod>,
-    reconciles: Vec<Pod>,
+    adds: Vec<Arc<Pod>>,
+    updates: Vec<Arc<Pod>>,
+    removes: Vec<Arc<Pod>>,
+    reconciles: Vec<Arc<Pod>>,
 }
 
 impl Changes {
-    /// Files `new` by how it differs from `old` (its previous version, if any).
-    fn classify(&mut self, old: Option<&Pod>, new: &Pod) {
-        match old {
-            None => self.adds.push(new.clone()),
-            Some(prev) if semantic_change(prev, new) => self.updates.push(new.clone()),
-            Some(prev) if prev.status != new.status => self.reconciles.push(new.clone()),
-            Some(_) => {}
-        }
+    /// Files `new` by how it differs from `old` (its previous version, if
+    /// any); returns the version to hold: `old` itself when nothing an update
+    /// carries changed, so that the one copy stays shared.
+    fn classify(&mut self, old: Option<&Arc<Pod>>, new: Arc<Pod>) -> Arc<Pod> {
+        let list = match old {
+            None => &mut self.adds,
+            Some(prev) if Arc::ptr_eq(prev, &new) => return new,
+            Some(prev) if semantic_change(prev, &new) => &mut self.updates,
+            Some(prev) if prev.status != new.status => &mut self.reconciles,
+            Some(prev) => return Arc::clone(prev),
+        };
+        list.push(Arc::clone(&new));
+        new
     }
 
     fn into_updates(self, source: Source) -> Vec<PodUpdate> {
@@ -132,14 +140,19 @@ impl PodConfig {
     }
 
     /// Applies `source`'s full snapshot and returns the updates it implies.
-    pub fn merge(&mut self, source: Source, snapshot: Vec<Pod>) -> Vec<PodUpdate> {
+    pub fn merge(&mut self, source: Source, snapshot: Vec<Arc<Pod>>) -> Vec<PodUpdate> {
         self.seen.insert(source);
         let old = self.pods.remove(&source).unwrap_or_default();
-        let new: BTreeMap<PodUid, Pod> = snapshot.into_iter().map(|p| (pod::uid(&p), p)).collect();
         let mut changes = Changes::default();
-        for (uid, p) in &new {
-            changes.classify(old.get(uid), p);
-        }
+        let snapshot: BTreeMap<PodUid, Arc<Pod>> =
+            snapshot.into_iter().map(|p| (pod::uid(&p), p)).collect();
+        let new: BTreeMap<PodUid, Arc<Pod>> = snapshot
+            .into_iter()
+            .map(|(uid, p)| {
+                let held = changes.classify(old.get(&uid), p);
+                (uid, held)
+            })
+            .collect();
         for (uid, p) in old {
             if !new.contains_key(&uid) {
                 changes.removes.push(p);
@@ -154,15 +167,15 @@ impl PodConfig {
     pub fn apply(
         &mut self,
         source: Source,
-        upserts: Vec<Pod>,
+        upserts: Vec<Arc<Pod>>,
         removed: Vec<PodUid>,
     ) -> Vec<PodUpdate> {
         let pods = self.pods.entry(source).or_default();
         let mut changes = Changes::default();
         for p in upserts {
             let uid = pod::uid(&p);
-            changes.classify(pods.get(&uid), &p);
-            pods.insert(uid, p);
+            let held = changes.classify(pods.get(&uid), p);
+            pods.insert(uid, held);
         }
         for uid in removed {
             if let Some(p) = pods.remove(&uid) {
@@ -173,7 +186,7 @@ impl PodConfig {
     }
 
     /// Every pod of every source.
-    pub fn all(&self) -> Vec<Pod> {
+    pub fn all(&self) -> Vec<Arc<Pod>> {
         self.pods
             .values()
             .flat_map(|m| m.values().cloned())
@@ -193,6 +206,10 @@ mod tests {
         .expect("pod")
     }
 
+    fn arcs(pods: Vec<Pod>) -> Vec<Arc<Pod>> {
+        pods.into_iter().map(Arc::new).collect()
+    }
+
     fn ops(updates: &[PodUpdate]) -> Vec<(Op, Vec<String>)> {
         updates
             .iter()
@@ -204,14 +221,14 @@ mod tests {
     fn snapshots_become_add_update_remove() {
         let mut c = PodConfig::new([Source::File, Source::Http]);
         assert_eq!(
-            ops(&c.merge(Source::File, vec![p("a", "i:1"), p("b", "i:1")])),
+            ops(&c.merge(Source::File, arcs(vec![p("a", "i:1"), p("b", "i:1")]))),
             [(Op::Add, vec!["a".into(), "b".into()])]
         );
         assert!(!c.sources_ready(), "http has not reported yet");
-        assert!(c.merge(Source::Http, vec![]).is_empty());
+        assert!(c.merge(Source::Http, arcs(vec![])).is_empty());
         assert!(c.sources_ready());
         assert_eq!(
-            ops(&c.merge(Source::File, vec![p("a", "i:2"), p("c", "i:1")])),
+            ops(&c.merge(Source::File, arcs(vec![p("a", "i:2"), p("c", "i:1")]))),
             [
                 (Op::Add, vec!["c".into()]),
                 (Op::Update, vec!["a".into()]),
@@ -219,7 +236,7 @@ mod tests {
             ]
         );
         assert!(
-            c.merge(Source::File, vec![p("a", "i:2"), p("c", "i:1")])
+            c.merge(Source::File, arcs(vec![p("a", "i:2"), p("c", "i:1")]))
                 .is_empty(),
             "no change, no update"
         );
@@ -227,14 +244,14 @@ mod tests {
         seen_again.metadata.annotations =
             Some([(labels::CONFIG_SEEN.to_owned(), "later".to_owned())].into());
         assert!(
-            c.merge(Source::File, vec![p("a", "i:2"), seen_again])
+            c.merge(Source::File, arcs(vec![p("a", "i:2"), seen_again]))
                 .is_empty(),
             "config.seen alone is no update"
         );
         let mut labelled = p("c", "i:1");
         labelled.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
         assert_eq!(
-            ops(&c.merge(Source::File, vec![p("a", "i:2"), labelled])),
+            ops(&c.merge(Source::File, arcs(vec![p("a", "i:2"), labelled]))),
             [(Op::Update, vec!["c".into()])]
         );
     }
@@ -242,11 +259,11 @@ mod tests {
     #[test]
     fn status_only_changes_are_reconciles() {
         let mut c = PodConfig::new([Source::Api]);
-        c.merge(Source::Api, vec![p("a", "i:1")]);
+        c.merge(Source::Api, arcs(vec![p("a", "i:1")]));
         let mut changed = p("a", "i:1");
         changed.status = Some(Default::default());
         assert_eq!(
-            ops(&c.merge(Source::Api, vec![changed])),
+            ops(&c.merge(Source::Api, arcs(vec![changed]))),
             [(Op::Reconcile, vec!["a".into()])]
         );
     }
@@ -254,13 +271,13 @@ mod tests {
     #[test]
     fn changes_touch_only_the_pods_they_name() {
         let mut c = PodConfig::new([Source::Api]);
-        c.merge(Source::Api, vec![p("a", "i:1"), p("b", "i:1")]);
-        assert!(c.apply(Source::Api, vec![], vec![]).is_empty());
+        c.merge(Source::Api, arcs(vec![p("a", "i:1"), p("b", "i:1")]));
+        assert!(c.apply(Source::Api, arcs(vec![]), vec![]).is_empty());
         let mut a_status = p("a", "i:1");
         a_status.status = Some(Default::default());
         let updates = c.apply(
             Source::Api,
-            vec![a_status, p("b", "i:2"), p("c", "i:1")],
+            arcs(vec![a_status, p("b", "i:2"), p("c", "i:1")]),
             vec!["gone".into()],
         );
         assert_eq!(
@@ -273,7 +290,7 @@ mod tests {
             "an unknown removal is ignored"
         );
         assert_eq!(
-            ops(&c.apply(Source::Api, vec![], vec!["a".into()])),
+            ops(&c.apply(Source::Api, arcs(vec![]), vec!["a".into()])),
             [(Op::Remove, vec!["a".into()])]
         );
         let mut left: Vec<String> = c.all().iter().map(|p| crate::pod::uid(p).0).collect();

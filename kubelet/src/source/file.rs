@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -21,8 +22,9 @@ use super::{SourceMessage, config::Source};
 pub struct FileSource {
     path: PathBuf,
     node: String,
-    /// Last good pods per file.
-    good: BTreeMap<PathBuf, Vec<Pod>>,
+    /// Last good pods per file (an unchanged file's pods are sent as the
+    /// same `Arc`s again).
+    good: BTreeMap<PathBuf, Vec<Arc<Pod>>>,
     /// Current errors per file (to log each change once).
     errors: BTreeMap<PathBuf, Vec<ManifestError>>,
     /// The text each file had when last parsed: an unchanged file is not parsed
@@ -115,12 +117,12 @@ impl FileSource {
     }
 
     /// Re-reads every manifest; returns the snapshot and the errors that are new.
-    pub fn scan(&mut self) -> (Vec<Pod>, Vec<ManifestError>) {
+    pub fn scan(&mut self) -> (Vec<Arc<Pod>>, Vec<ManifestError>) {
         let (_, errors) = self.rescan();
         (self.snapshot(), errors)
     }
 
-    fn snapshot(&self) -> Vec<Pod> {
+    fn snapshot(&self) -> Vec<Arc<Pod>> {
         self.good.values().flatten().cloned().collect()
     }
 
@@ -128,7 +130,7 @@ impl FileSource {
     /// added, removed or parsed again) and the errors that are new. A quiet
     /// rescan builds no snapshot: at hundreds of static pods, cloning and
     /// comparing them every period was most of what the source cost.
-    fn rescan(&mut self) -> (Option<Vec<Pod>>, Vec<ManifestError>) {
+    fn rescan(&mut self) -> (Option<Vec<Arc<Pod>>>, Vec<ManifestError>) {
         let files = self.files();
         let present: std::collections::BTreeSet<&PathBuf> = files.iter().collect();
         let before = self.good.len();
@@ -180,7 +182,7 @@ impl FileSource {
                 }
             };
             let previous = self.good.get(file).cloned().unwrap_or_default();
-            let mut pods = parsed.pods;
+            let mut pods: Vec<Arc<Pod>> = parsed.pods.into_iter().map(Arc::new).collect();
             // A document that failed keeps its last good pod (matched by name).
             for err in &parsed.errors {
                 let keep = previous.iter().filter(|p| {
@@ -380,7 +382,7 @@ mod tests {
         // Same length, same second: only the content tells.
         std::fs::write(&file, POD.replace("test:v1", "test:v9")).expect("write");
         let edited = src.scan().0;
-        let image = |pods: &[Pod]| {
+        let image = |pods: &[Arc<Pod>]| {
             pods[0]
                 .spec
                 .as_ref()

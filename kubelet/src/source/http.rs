@@ -1,6 +1,7 @@
 //! The manifest URL source: fetched every period; a failed fetch or parse keeps
 //! the last good snapshot and reports the error.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::BodyExt as _;
@@ -74,7 +75,10 @@ pub async fn run(
         {
             last = Some(pods.clone());
             if tx
-                .send(SourceMessage::Snapshot(Source::Http, pods))
+                .send(SourceMessage::Snapshot(
+                    Source::Http,
+                    pods.into_iter().map(Arc::new).collect(),
+                ))
                 .await
                 .is_err()
             {

@@ -10,6 +10,8 @@ pub mod file;
 pub mod http;
 pub mod manifest;
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::pod::PodUid;
@@ -20,14 +22,16 @@ pub use manifest::ManifestError;
 /// What a source tells the merger.
 #[derive(Debug)]
 pub enum SourceMessage {
-    /// The source's complete current set of pods.
-    Snapshot(Source, Vec<Pod>),
+    /// The source's complete current set of pods. A pod the source did
+    /// not change is the very `Arc` it sent before (the merger needs no
+    /// comparison to know it unchanged).
+    Snapshot(Source, Vec<Arc<Pod>>),
     /// Pods added or changed (`upserts`) and removed since the last message.
     Changes {
         /// The source.
         source: Source,
         /// New or changed pods.
-        upserts: Vec<Pod>,
+        upserts: Vec<Arc<Pod>>,
         /// Pods that are gone.
         removed: Vec<PodUid>,
     },
