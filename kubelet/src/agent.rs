@@ -275,8 +275,10 @@ pub async fn start(
     );
     let pressure = eviction.pressure();
     tokio::spawn(eviction.run(shutdown.child_token()));
+    let running = cache.clone();
     tokio::spawn(crate::logrotate::run(
         client.clone(),
+        move || running.running_containers(),
         crate::logrotate::Policy {
             max_size: config.pods.container_log_max_size,
             max_files: config.pods.container_log_max_files.max(2),
@@ -319,6 +321,7 @@ pub async fn start(
         container_gc: config.container_gc,
         qos_stale: true,
         swept_orphans: false,
+        no_orphans_at: None,
         metrics: Arc::clone(&metrics),
         served: Arc::clone(&served),
         hints: pleg.hints.clone(),

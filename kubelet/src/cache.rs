@@ -10,12 +10,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use evlet_cri::ContainerId;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::lock::lock;
 use crate::pod::PodUid;
-use crate::runtime::PodStatus;
+use crate::runtime::{PodStatus, State};
 
 /// Why a pod's entry holds no status.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -42,6 +43,16 @@ struct Inner {
     pods: HashMap<PodUid, Entry>,
     /// Every pod's entry is at least this fresh.
     global: Option<Instant>,
+    /// Bumped when a pod joins or leaves the known ones (those the runtime
+    /// has something of).
+    known_generation: u64,
+}
+
+/// Does the runtime have something of the entry's pod?
+fn is_known(e: &Entry) -> bool {
+    e.status
+        .as_ref()
+        .is_ok_and(|s| !s.sandboxes.is_empty() || !s.containers.is_empty())
 }
 
 #[derive(Debug)]
@@ -76,6 +87,7 @@ pub fn new() -> (CacheWriter, PodCache) {
         inner: Mutex::new(Inner {
             pods: HashMap::new(),
             global: None,
+            known_generation: 0,
         }),
         changed,
     });
@@ -96,13 +108,15 @@ impl CacheWriter {
             if inner.pods.get(uid).is_some_and(|e| e.modified > time) {
                 return;
             }
-            inner.pods.insert(
-                uid.clone(),
-                Entry {
-                    status: status.map(Arc::new),
-                    modified: time,
-                },
-            );
+            let entry = Entry {
+                status: status.map(Arc::new),
+                modified: time,
+            };
+            let known = is_known(&entry);
+            let was = inner.pods.insert(uid.clone(), entry);
+            if was.as_ref().is_some_and(is_known) != known {
+                inner.known_generation += 1;
+            }
         }
         self.shared.changed.send_modify(|n| *n += 1);
     }
@@ -124,7 +138,10 @@ impl CacheWriter {
 
     /// Drops a pod that no longer exists anywhere.
     pub fn delete(&self, uid: &PodUid) {
-        lock(&self.shared.inner).pods.remove(uid);
+        let mut inner = lock(&self.shared.inner);
+        if inner.pods.remove(uid).as_ref().is_some_and(is_known) {
+            inner.known_generation += 1;
+        }
     }
 
     /// Declares every entry fresh as of `time` (end of a full relist).
@@ -165,9 +182,30 @@ impl PodCache {
         lock(&self.shared.inner)
             .pods
             .values()
+            .filter(|e| is_known(e))
             .filter_map(|e| e.status.as_ref().ok())
-            .filter(|s| (!s.sandboxes.is_empty() || !s.containers.is_empty()) && keep(s))
+            .filter(|s| keep(s))
             .cloned()
+            .collect()
+    }
+
+    /// Changes whenever a pod joins or leaves [`known`](Self::known): equal
+    /// readings mean the same set of pods.
+    pub fn known_generation(&self) -> u64 {
+        lock(&self.shared.inner).known_generation
+    }
+
+    /// The containers the runtime last reported running, with their pods'
+    /// entries (what the log rotation checks: read here, not listed from the
+    /// runtime every check).
+    pub fn running_containers(&self) -> Vec<ContainerId> {
+        lock(&self.shared.inner)
+            .pods
+            .values()
+            .filter_map(|e| e.status.as_ref().ok())
+            .flat_map(|s| s.containers.iter())
+            .filter(|c| c.state == State::Running)
+            .map(|c| c.id.clone())
             .collect()
     }
 
@@ -225,6 +263,32 @@ impl PodCache {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_known_generation_moves_when_a_pod_joins_or_leaves_only() {
+        let (writer, cache) = new();
+        let uid = PodUid::from("p");
+        let with = |state| {
+            let mut s = PodStatus::empty(uid.clone());
+            s.containers
+                .push(crate::runtime::ContainerStatus::test("app", 1, state));
+            Ok(s)
+        };
+        let g0 = cache.known_generation();
+        writer.set(&uid, Ok(PodStatus::empty(uid.clone())), Instant::now());
+        assert_eq!(cache.known_generation(), g0, "an empty pod is not known");
+        writer.set(&uid, with(State::Running), Instant::now());
+        let g1 = cache.known_generation();
+        assert_ne!(g1, g0, "the pod joined");
+        writer.set(&uid, with(State::Exited), Instant::now());
+        assert_eq!(cache.known_generation(), g1, "a known pod's new status");
+        assert_eq!(cache.running_containers(), Vec::<ContainerId>::new());
+        writer.set(&uid, with(State::Running), Instant::now());
+        assert_eq!(cache.running_containers(), [ContainerId::new("app1")]);
+        writer.delete(&uid);
+        assert_ne!(cache.known_generation(), g1, "the pod left");
+        assert!(cache.known().is_empty());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_worker_waits_until_a_relist_newer_than_its_sync() {

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use evlet_cri::{ContainerFilter, ContainerId, RuntimeClient, api};
+use evlet_cri::{ContainerId, RuntimeClient};
 use tokio_util::sync::CancellationToken;
 
 /// The rotation policy.
@@ -153,52 +153,46 @@ pub async fn rotate_if_needed(
 
 /// Checks the running containers' logs every `interval` until `shutdown`.
 ///
-/// Upstream asks for every running container's status on each check; a
-/// container's log path never changes, so it is asked once per container and
-/// each check costs one `ListContainers` and a `stat` per log.
+/// Upstream lists the running containers (`ListContainers`) and asks for each
+/// one's status on every check. Here `running` names them (the agent passes
+/// its pod cache, which the PLEG keeps in line with the runtime, so a check
+/// decodes nothing and costs the runtime nothing), and a container's log
+/// path, which never changes, is asked once per container: a check costs a
+/// `stat` per log.
 pub async fn run(
     runtime: RuntimeClient,
+    running: impl Fn() -> Vec<ContainerId>,
     policy: Policy,
     interval: Duration,
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut paths: HashMap<String, PathBuf> = HashMap::new();
+    let mut paths: HashMap<ContainerId, PathBuf> = HashMap::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let running = match runtime
-            .list_containers(ContainerFilter::new().state(api::ContainerState::ContainerRunning))
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(error = %e, "listing containers for log rotation failed");
-                continue;
-            }
-        };
-        let ids: HashSet<&str> = running.iter().map(|c| c.id.as_str()).collect();
-        paths.retain(|id, _| ids.contains(id.as_str()));
-        for c in running {
-            let id = ContainerId::new(&c.id);
-            let log = match paths.get(&c.id) {
+        let running = running();
+        let ids: HashSet<&ContainerId> = running.iter().collect();
+        paths.retain(|id, _| ids.contains(id));
+        for id in &running {
+            let log = match paths.get(id) {
                 Some(log) => log.clone(),
                 None => {
-                    let Ok(status) = runtime.container_status(&id).await else {
+                    let Ok(status) = runtime.container_status(id).await else {
                         continue;
                     };
                     let log = PathBuf::from(status.log_path);
-                    paths.insert(c.id.clone(), log.clone());
+                    paths.insert(id.clone(), log.clone());
                     log
                 }
             };
             if log.as_os_str().is_empty() {
                 continue;
             }
-            match rotate_if_needed(&runtime, &id, &log, policy).await {
+            match rotate_if_needed(&runtime, id, &log, policy).await {
                 Ok(true) => {
                     tracing::debug!(container = %id.short(), log = %log.display(), "rotated the container's log")
                 }
