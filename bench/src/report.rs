@@ -119,6 +119,12 @@ pub struct Run {
     /// (from the OOM kill to the exit the victim frees its memory).
     #[serde(default)]
     pub oom_exit_to_status: Option<Summary>,
+    /// The victim's exit → evlet published `OOMKilled`, both from evlet's
+    /// timeline (`ebpf` mode only): [`Run::oom_exit_to_status`] without the
+    /// bench's own `/pods` polls, whose answer grows with the pods (at 1000
+    /// pods one poll takes longer than the agent does).
+    #[serde(default)]
+    pub oom_exit_to_published: Option<Summary>,
     /// Anything that went wrong in this run (a failed kill, a timeout).
     pub errors: Vec<String>,
     /// Kills and OOM kills whose status took longer than
@@ -204,6 +210,14 @@ const METRICS: &[Metric] = &[
     ("OOM: init exit (kernel) → OOMKilled p99 (ms)", |r| {
         Some(r.oom_exit_to_status.as_ref()?.p99_ms)
     }),
+    (
+        "OOM: init exit (kernel) → OOMKilled published p50 (ms, timeline)",
+        |r| Some(r.oom_exit_to_published.as_ref()?.p50_ms),
+    ),
+    (
+        "OOM: init exit (kernel) → OOMKilled published p99 (ms, timeline)",
+        |r| Some(r.oom_exit_to_published.as_ref()?.p99_ms),
+    ),
     ("idle evlet CPU (% of a core)", |r| Some(r.evlet_cpu_pct)),
     ("idle containerd CPU (% of a core)", |r| {
         Some(r.containerd_cpu_pct)

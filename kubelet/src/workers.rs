@@ -443,13 +443,10 @@ impl Worker {
         let computed = status::compute(pod, runtime, &extra);
         self.observe_start(memo.as_ref(), pod, &computed);
         let summary = status_summary(&computed);
-        if memo
+        let changed = memo
             .as_ref()
             .and_then(|m| m.status.as_ref())
-            .is_none_or(|before| status_summary(before) != summary)
-        {
-            self.shared.syncer.trace(pod, Source::Status, summary);
-        }
+            .is_none_or(|before| status_summary(before) != summary);
         self.shared
             .prober
             .observe(&self.uid, probe_target(pod, runtime, &computed));
@@ -464,6 +461,10 @@ impl Worker {
                 phase,
             },
         );
+        if changed {
+            // Stamped once the status is served (`/pods`, the status sink).
+            self.shared.syncer.trace(pod, Source::Status, summary);
+        }
         *memo = Some(Published {
             status: Some(computed),
             ..inputs

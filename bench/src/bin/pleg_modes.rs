@@ -413,9 +413,15 @@ async fn slow_timeline(
 
 /// When the kernel recorded the exit of `name`'s container init, from the
 /// pod's timeline (its kernel time converted to wall time by the agent): the
-/// first such exit after `after`, less a millisecond for the clocks' rounding.
-/// None in the modes without kernel records.
-async fn kernel_exit(agent: &Agent, name: &str, after: SystemTime) -> Option<SystemTime> {
+/// first such exit after `after`, less a millisecond for the clocks' rounding;
+/// with it, when the agent published the `OOMKilled` status after that exit
+/// (the timeline's first such status entry), if it did. None in the modes
+/// without kernel records.
+async fn kernel_exit_and_status(
+    agent: &Agent,
+    name: &str,
+    after: SystemTime,
+) -> Option<(SystemTime, Option<SystemTime>)> {
     let from = after
         .duration_since(SystemTime::UNIX_EPOCH)
         .ok()?
@@ -426,15 +432,20 @@ async fn kernel_exit(agent: &Agent, name: &str, after: SystemTime) -> Option<Sys
         .json(&format!("/debug/pods/default/{name}/timeline"))
         .await
         .ok()??;
-    let ns = timeline["entries"]
-        .as_array()?
-        .iter()
-        .filter(|e| {
-            e["source"] == "kernel" && e["what"].as_str().is_some_and(|w| w.contains("exited"))
-        })
-        .filter_map(|e| u64::try_from(e["unixNs"].as_i64()?).ok())
-        .find(|&ns| u128::from(ns) >= from)?;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(ns))
+    let entries = timeline["entries"].as_array()?;
+    let first = |source: &str, what: &str, from: u128| {
+        entries
+            .iter()
+            .filter(|e| {
+                e["source"] == source && e["what"].as_str().is_some_and(|w| w.contains(what))
+            })
+            .filter_map(|e| u64::try_from(e["unixNs"].as_i64()?).ok())
+            .find(|&ns| u128::from(ns) >= from)
+    };
+    let exit = first("kernel", "exited", from)?;
+    let status = first("status", "OOMKilled", u128::from(exit));
+    let at = |ns: u64| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns);
+    Some((at(exit), status.map(at)))
 }
 
 /// Waits on `/dev/kmsg` for the kernel's OOM-kill message about `comm`.
@@ -472,6 +483,7 @@ async fn oom(
 ) -> Result<()> {
     let mut lat = Vec::new();
     let mut from_exit = Vec::new();
+    let mut published = Vec::new();
     for k in 0..plan.ooms {
         let killed = kmsg_oom("memhog")?;
         write_manifest(
@@ -495,8 +507,11 @@ async fn oom(
                 lat.push(took);
                 let at = SystemTime::now() - kernel.elapsed();
                 let seen_at = SystemTime::now() - seen.elapsed();
-                if let Some(exit) = kernel_exit(agent, &name, at).await {
+                if let Some((exit, status)) = kernel_exit_and_status(agent, &name, at).await {
                     from_exit.push(seen_at.duration_since(exit).unwrap_or_default());
+                    if let Some(status) = status {
+                        published.push(status.duration_since(exit).unwrap_or_default());
+                    }
                 }
                 slow_timeline(agent, &name, "OOM kill", at, took, run).await;
             }
@@ -510,6 +525,7 @@ async fn oom(
     }
     run.oom_to_status = Summary::of(&lat);
     run.oom_exit_to_status = Summary::of(&from_exit);
+    run.oom_exit_to_published = Summary::of(&published);
     run.oom_to_status_ms = run.oom_to_status.as_ref().map(|s| s.p50_ms);
     Ok(())
 }
