@@ -65,8 +65,8 @@ pub struct Config {
     pub file_check_frequency: Duration,
     /// Manifest URL poll period (upstream `httpCheckFrequency`, 20 s).
     pub http_check_frequency: Duration,
-    /// Mean period of a pod's periodic sync (upstream `syncFrequency`, 1 min;
-    /// each sync is due after 0.5–1.5 times this).
+    /// Period of a pod's periodic sync (upstream `syncFrequency`, 1 min;
+    /// each sync is due after 1–1.5 times this, as upstream).
     pub sync_frequency: Duration,
     /// The node's IP (`status.hostIP`).
     pub node_ip: Option<String>,

@@ -33,10 +33,12 @@ use crate::status::Waiting;
 use crate::sync::actions::SpecHashes;
 use crate::sync::{SyncOutcome, Syncer};
 
-/// Upstream's default `syncFrequency`: a pod with nothing to do is synced this
-/// often (±50 %). `Config::sync_frequency` sets it.
+/// Upstream's default `syncFrequency`: a pod with nothing to do is synced
+/// again after 100–150 % of it (upstream's `wait.Jitter(resyncInterval, 0.5)`).
+/// `Config::sync_frequency` sets it.
 pub const RESYNC: Duration = Duration::from_secs(60);
-/// Upstream's `backOffPeriod` for sync errors (each wait is 50–100 % of it).
+/// Upstream's `backOffPeriod` for sync errors (each wait is 100–150 % of it,
+/// `wait.Jitter(backOffPeriod, 0.5)`).
 pub const ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Where the statuses workers compute go beyond the local `/pods` view (the
@@ -527,7 +529,7 @@ impl Worker {
         let mut deleted = false;
         // Set once a finished pod's volumes and cgroup are released.
         let mut released = false;
-        let mut errors = Retry::fixed(ERROR_BACKOFF).jitter(0.5, 1.0);
+        let mut errors = Retry::fixed(ERROR_BACKOFF).jitter(1.0, 1.5);
         // When the pod started on this node: set at its first sync.
         let mut start_time: Option<Time> = None;
         let host_ip = self.shared.syncer.node().host_ip.clone();
@@ -670,7 +672,7 @@ impl Worker {
                         }) => {
                             waiting = w;
                             failed |= f;
-                            let jitter = self.shared.resync.mul_f64(0.5 + fastrand::f64());
+                            let jitter = self.shared.resync.mul_f64(1.0 + 0.5 * fastrand::f64());
                             (retry_after.map_or(jitter, |r| r.min(jitter)), changed)
                         }
                         Err(e) => {

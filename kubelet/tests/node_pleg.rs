@@ -455,7 +455,7 @@ async fn quiet_pods_resync_without_runtime_reads_and_a_kill_still_shows() {
         "quiet_pods_resync_without_runtime_reads_and_a_kill_still_shows",
         |w| async move {
             w.write("calm.yaml", &sleeper("calm", 2, "Always"));
-            // Periodic syncs every 0.5–1.5 s instead of 30–90 s.
+            // Periodic syncs every 1–1.5 s instead of 60–90 s.
             let agent = w
                 .start_with(Config {
                     sync_frequency: Duration::from_secs(1),
