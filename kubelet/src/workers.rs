@@ -541,10 +541,11 @@ impl Worker {
         let mut operation = "create";
         loop {
             if let Some(p) = self.take() {
+                let same = same_pod(pod.as_ref(), &p.pod);
                 if pod.is_none() {
                     self.shared.metrics.startup.seen(&p.pod);
                     self.shared.syncer.name_pod(&p.pod);
-                } else if operation != "create" && !same_pod(pod.as_ref(), &p.pod) {
+                } else if operation != "create" && !same {
                     operation = "update";
                 }
                 if p.failure.is_some() {
@@ -561,7 +562,7 @@ impl Worker {
                         _ => {}
                     }
                 }
-                if !same_pod(pod.as_ref(), &p.pod) {
+                if !same {
                     hashes = SpecHashes::of(&p.pod);
                 }
                 // The latest copy: the one the sync loop holds too.
