@@ -27,6 +27,16 @@ pub struct ImageUser {
     pub username: String,
 }
 
+impl ImageUser {
+    /// The user of an image's CRI status (None: the image is not present).
+    pub fn of(image: Option<api::Image>) -> Self {
+        Self {
+            uid: image.as_ref().and_then(|i| i.uid.as_ref()).map(|u| u.value),
+            username: image.map(|i| i.username).unwrap_or_default(),
+        }
+    }
+}
+
 /// The paths `/proc` masks and makes read-only by default (upstream's
 /// `DefaultProcMount`); `procMount: Unmasked` clears both.
 const MASKED: [&str; 11] = [

@@ -510,7 +510,8 @@ impl Syncer {
             }
             crash.next(&key, now);
         }
-        self.ensure_image(pod, c, sandbox_config, start_slot)
+        let present = self
+            .ensure_image(pod, c, sandbox_config, start_slot)
             .await?;
         let config_error = |message: String| {
             Start::Waiting(
@@ -528,7 +529,10 @@ impl Syncer {
                 "can't set `spec.hostUsers: false`: evlet does not support user namespaces".into(),
             ));
         }
-        let image_user = self.image_user(c).await.map_err(Start::Runtime)?;
+        let image_user = match present {
+            Some(image) => super::security::ImageUser::of(Some(image)),
+            None => self.image_user(c).await.map_err(Start::Runtime)?,
+        };
         super::security::verify_run_as_non_root(pod, c, &image_user)
             .map_err(|e| config_error(e.to_string()))?;
         let refs = super::env::references(c);
@@ -724,20 +728,15 @@ impl Syncer {
         Ok(())
     }
 
-    /// The user the container's image runs as (for `runAsNonRoot`).
+    /// The user the container's image runs as (for `runAsNonRoot`), read
+    /// from the runtime (after a pull: [`Self::ensure_image`] read no status).
     async fn image_user(
         &self,
         c: &Container,
     ) -> Result<super::security::ImageUser, evlet_cri::Error> {
         let image = c.image.clone().unwrap_or_default();
         let status = self.client.image_status(&image).await?;
-        Ok(super::security::ImageUser {
-            uid: status
-                .as_ref()
-                .and_then(|i| i.uid.as_ref())
-                .map(|u| u.value),
-            username: status.map(|i| i.username).unwrap_or_default(),
-        })
+        Ok(super::security::ImageUser::of(status))
     }
 
     /// The kubelet-managed `/etc/hosts` of a container, written into the pod's
@@ -788,29 +787,31 @@ impl Syncer {
         }))
     }
 
+    /// Makes sure `c`'s image is present under its pull policy; returns the
+    /// image's status when it was found present (its user is then known
+    /// without a second `ImageStatus`), None after a pull.
     async fn ensure_image(
         &self,
         pod: &Pod,
         c: &Container,
         sandbox_config: &evlet_cri::api::PodSandboxConfig,
         start_slot: &mut Option<tokio::sync::SemaphorePermit<'_>>,
-    ) -> Result<(), Start> {
+    ) -> Result<Option<evlet_cri::api::Image>, Start> {
         let image = c.image.clone().unwrap_or_default();
         let policy = c
             .image_pull_policy
             .clone()
             .unwrap_or_else(|| pod::default_pull_policy(&image).into());
-        let present = || async {
+        let status = || async {
             self.client
                 .image_status(&image)
                 .await
-                .map(|s| s.is_some())
                 .map_err(Start::Runtime)
         };
         match policy.as_str() {
             "Never" => {
-                if present().await? {
-                    return Ok(());
+                if let Some(found) = status().await? {
+                    return Ok(Some(found));
                 }
                 return Err(Start::Waiting(
                     Waiting {
@@ -822,15 +823,17 @@ impl Syncer {
                     Some(Duration::from_secs(10)),
                 ));
             }
-            "IfNotPresent" if present().await? => {
-                self.event(
-                    pod,
-                    &c.name,
-                    "Normal",
-                    "Pulled",
-                    format!("Container image {image:?} already present on machine"),
-                );
-                return Ok(());
+            "IfNotPresent" => {
+                if let Some(found) = status().await? {
+                    self.event(
+                        pod,
+                        &c.name,
+                        "Normal",
+                        "Pulled",
+                        format!("Container image {image:?} already present on machine"),
+                    );
+                    return Ok(Some(found));
+                }
             }
             _ => {}
         }
@@ -906,7 +909,7 @@ impl Syncer {
                     "Pulled",
                     format!("Successfully pulled image {image:?}"),
                 );
-                Ok(())
+                Ok(None)
             }
             Err(e) => {
                 self.event(
