@@ -107,6 +107,10 @@ pub struct Run {
     /// SIGKILL → the pod's replacement container running in `/pods`.
     #[serde(default)]
     pub kill_to_replacement: Option<Summary>,
+    /// SIGKILL → the agent's `StartContainer` of the replacement returned
+    /// (its timeline), on kills nothing polls: the floor's measure.
+    #[serde(default)]
+    pub kill_to_started: Option<Summary>,
     /// The kernel's OOM-kill message → `OOMKilled` in `/pods/<ns>/<name>`
     /// (the median of [`Run::oom_to_status`] since it exists).
     pub oom_to_status_ms: Option<f64>,
@@ -189,6 +193,14 @@ const METRICS: &[Metric] = &[
     ("kill → replacement running p99 (ms)", |r| {
         Some(r.kill_to_replacement.as_ref()?.p99_ms)
     }),
+    (
+        "kill → replacement started p50 (ms, timeline, unobserved)",
+        |r| Some(r.kill_to_started.as_ref()?.p50_ms),
+    ),
+    (
+        "kill → replacement started p99 (ms, timeline, unobserved)",
+        |r| Some(r.kill_to_started.as_ref()?.p99_ms),
+    ),
     ("kill → CRI exited p50 (ms, runtime floor)", |r| {
         Some(r.kill_to_runtime.as_ref()?.p50_ms)
     }),

@@ -10,6 +10,8 @@
 //!    showing the container terminated, next to → CRI `ContainerStatus` reporting
 //!    EXITED (polled every 1 ms: the floor of any agent that reads the runtime),
 //!    and → the pod's replacement container running (`restartPolicy: Always`);
+//!    every other kill is unobserved (nothing polls): kill → the replacement's
+//!    `StartContainer` returned, from evlet's timeline, as the floor times it;
 //! 4. OOM kills (10, one pod each): the kernel's message on `/dev/kmsg` → `OOMKilled`
 //!    in the pod status, and (in `ebpf`) the victim's exit as the kernel recorded it
 //!    → `OOMKilled`: the agent's part, without the kernel's teardown of the victim;
@@ -266,6 +268,13 @@ async fn idle(agent: &Agent, node: &Node, plan: Plan, run: &mut Run) -> Result<(
 
 /// Kills the app container of random distinct pods; returns (container ID, kill
 /// wall time) for the event lookup and records kill → status.
+///
+/// The kills alternate between *observed* ones (the pod is polled every 1 ms
+/// in `/pods` and its container over CRI: kill → status, → CRI exited,
+/// → replacement running) and *unobserved* ones, where nothing polls while
+/// the agent replaces the container: kill → replacement started is then read
+/// from the agent's timeline, as the floor times it (a 1 ms CRI poll loads
+/// the runtime while it creates and starts the replacement; the floor has none).
 async fn kills(
     agent: &Agent,
     client: &RuntimeClient,
@@ -279,24 +288,21 @@ async fn kills(
     let mut to_status = Vec::new();
     let mut to_runtime = Vec::new();
     let mut to_replacement = Vec::new();
+    let mut to_started = Vec::new();
     const LIMIT: Duration = Duration::from_secs(15);
-    for i in order.into_iter().take(plan.kills) {
+    for (k, i) in order.into_iter().take(plan.kills * 2).enumerate() {
         let name = pod_name(i);
-        let Some(pod) = agent.http.json(&format!("/pods/default/{name}")).await? else {
-            run.errors.push(format!("{name}: not in /pods"));
+        let Some((id, pid)) = app_container(agent, client, &name, run).await? else {
             continue;
         };
-        let Some(id) = first_container(&pod)["containerID"]
-            .as_str()
-            .map(|s| s.trim_start_matches("containerd://").to_owned())
-        else {
-            run.errors.push(format!("{name}: no container ID"));
+        if k % 2 == 1 {
+            match unobserved_kill(agent, &name, &id, pid, LIMIT).await {
+                Ok(took) => to_started.push(took),
+                Err(e) => run.errors.push(format!("{name}: {e:#}")),
+            }
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(100..600))).await;
             continue;
-        };
-        let Some(pid) = client.container_pid(&ContainerId::new(id.clone())).await? else {
-            run.errors.push(format!("{name}: no init pid"));
-            continue;
-        };
+        }
         let wall = SystemTime::now();
         let sent = Instant::now();
         if evlet_bench::sigkill(pid).is_err() {
@@ -360,7 +366,82 @@ async fn kills(
     run.kill_to_status = Summary::of(&to_status);
     run.kill_to_runtime = Summary::of(&to_runtime);
     run.kill_to_replacement = Summary::of(&to_replacement);
+    run.kill_to_started = Summary::of(&to_started);
     Ok(killed)
+}
+
+/// The ID and init PID of `name`'s app container (None, with the error
+/// recorded, when the pod or its container cannot be found).
+async fn app_container(
+    agent: &Agent,
+    client: &RuntimeClient,
+    name: &str,
+    run: &mut Run,
+) -> Result<Option<(String, u32)>> {
+    let Some(pod) = agent.http.json(&format!("/pods/default/{name}")).await? else {
+        run.errors.push(format!("{name}: not in /pods"));
+        return Ok(None);
+    };
+    let Some(id) = first_container(&pod)["containerID"]
+        .as_str()
+        .map(|s| s.trim_start_matches("containerd://").to_owned())
+    else {
+        run.errors.push(format!("{name}: no container ID"));
+        return Ok(None);
+    };
+    let Some(pid) = client.container_pid(&ContainerId::new(id.clone())).await? else {
+        run.errors.push(format!("{name}: no init pid"));
+        return Ok(None);
+    };
+    Ok(Some((id, pid)))
+}
+
+/// SIGKILL of `name`'s container `id` (init `pid`) with nothing polling the
+/// agent or the runtime; then, from the pod's timeline, the time from the
+/// kill to the agent's `StartContainer` of the replacement returning (what
+/// the floor times: kill → create and start returned).
+async fn unobserved_kill(
+    agent: &Agent,
+    name: &str,
+    id: &str,
+    pid: u32,
+    limit: Duration,
+) -> Result<Duration> {
+    let wall = SystemTime::now();
+    let sent = Instant::now();
+    evlet_bench::sigkill(pid).with_context(|| format!("kill {pid}"))?;
+    let from = wall.duration_since(SystemTime::UNIX_EPOCH)?.as_nanos();
+    let short = id.get(..12).unwrap_or(id);
+    loop {
+        // Well after an ebpf replacement; a generic one is read a few polls later.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let timeline = agent
+            .http
+            .json(&format!("/debug/pods/default/{name}/timeline"))
+            .await?
+            .context("no timeline")?;
+        let started = timeline["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|e| {
+                let ns = u128::try_from(e["unixNs"].as_i64()?).ok()?;
+                let what = e["what"].as_str()?;
+                (e["source"] == "cri"
+                    && ns >= from
+                    && what.starts_with("StartContainer ")
+                    && what.contains(": ok in ")
+                    && !what.contains(short))
+                .then_some(ns)
+            });
+        if let Some(ns) = started {
+            let took = u64::try_from(ns - from).context("a time past u64")?;
+            return Ok(Duration::from_nanos(took));
+        }
+        if sent.elapsed() > limit {
+            bail!("no replacement started {limit:?} after an unobserved kill");
+        }
+    }
 }
 
 /// Keeps the timeline of a kill (or OOM kill) whose status took `took`,
