@@ -253,6 +253,14 @@ impl World {
                 let _ = self.client.remove_pod_sandbox(&id).await;
             }
         }
+        // The pods' tmpfs and bind mounts under the root (Secrets, tokens,
+        // local claims): a stopped agent leaves them, as upstream's does, and
+        // the root's TempDir cannot remove a mounted directory.
+        for mount in evlet::volume::mount::mounts_under(self.root.path()) {
+            if let Err(e) = evlet::volume::mount::unmount(&mount) {
+                tracing::warn!(mount = %mount.display(), error = %e, "cleanup: unmount failed");
+            }
+        }
         match cgroup_driver() {
             evlet::cm::Driver::Cgroupfs => self.node.remove_cgroups(&self.name),
             // systemd owns the slices: stopping the world's root slice
