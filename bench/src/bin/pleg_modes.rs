@@ -420,22 +420,13 @@ async fn unobserved_kill(
             .json(&format!("/debug/pods/default/{name}/timeline"))
             .await?
             .context("no timeline")?;
-        let started = timeline["entries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find_map(|e| {
-                let ns = u128::try_from(e["unixNs"].as_i64()?).ok()?;
-                let what = e["what"].as_str()?;
-                (e["source"] == "cri"
-                    && ns >= from
-                    && what.starts_with("StartContainer ")
-                    && what.contains(": ok in ")
-                    && !what.contains(short))
-                .then_some(ns)
-            });
+        let started = first_entry(&timeline, "cri", from, |what| {
+            what.starts_with("StartContainer ")
+                && what.contains(": ok in ")
+                && !what.contains(short)
+        });
         if let Some(ns) = started {
-            let took = u64::try_from(ns - from).context("a time past u64")?;
+            let took = u64::try_from(u128::from(ns) - from).context("a time past u64")?;
             return Ok(Duration::from_nanos(took));
         }
         if sent.elapsed() > limit {
@@ -513,20 +504,28 @@ async fn kernel_exit_and_status(
         .json(&format!("/debug/pods/default/{name}/timeline"))
         .await
         .ok()??;
-    let entries = timeline["entries"].as_array()?;
-    let first = |source: &str, what: &str, from: u128| {
-        entries
-            .iter()
-            .filter(|e| {
-                e["source"] == source && e["what"].as_str().is_some_and(|w| w.contains(what))
-            })
-            .filter_map(|e| u64::try_from(e["unixNs"].as_i64()?).ok())
-            .find(|&ns| u128::from(ns) >= from)
-    };
-    let exit = first("kernel", "exited", from)?;
-    let status = first("status", "OOMKilled", u128::from(exit));
+    let exit = first_entry(&timeline, "kernel", from, |w| w.contains("exited"))?;
+    let status = first_entry(&timeline, "status", u128::from(exit), |w| {
+        w.contains("OOMKilled")
+    });
     let at = |ns: u64| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns);
     Some((at(exit), status.map(at)))
+}
+
+/// The time (Unix ns) of the first entry of a pod's `timeline` from `source`
+/// at or after `from` whose text passes `what`.
+fn first_entry(
+    timeline: &serde_json::Value,
+    source: &str,
+    from: u128,
+    what: impl Fn(&str) -> bool,
+) -> Option<u64> {
+    timeline["entries"]
+        .as_array()?
+        .iter()
+        .filter(|e| e["source"] == source && e["what"].as_str().is_some_and(&what))
+        .filter_map(|e| u64::try_from(e["unixNs"].as_i64()?).ok())
+        .find(|&ns| u128::from(ns) >= from)
 }
 
 /// Waits on `/dev/kmsg` for the kernel's OOM-kill message about `comm`.
