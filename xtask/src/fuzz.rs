@@ -141,7 +141,20 @@ fn run_one(target: &str, seconds: u64) -> Result<Outcome> {
     let corpus = paths::repo().join("target/fuzz/corpus").join(target);
     seed(target, &corpus)?;
     let before = artifacts(target).len();
-    let mut cmd = sh::cargo(&["+nightly", "fuzz", "run", "-s", "none", target]);
+    // cargo-fuzz builds release code with one codegen unit per crate by
+    // default; 16 build the targets in 7 minutes instead of 9 on two cores,
+    // and run them at 83–100 % of the speed (measured on `manifest` and
+    // `cri_log`, 10 s each on the same corpus).
+    let mut cmd = sh::cargo(&[
+        "+nightly",
+        "fuzz",
+        "run",
+        "-s",
+        "none",
+        "--codegen-units",
+        "16",
+        target,
+    ]);
     cmd.current_dir(paths::repo().join("kubelet"))
         .env("CARGO_TARGET_DIR", paths::repo().join("target/fuzz/build"))
         .arg(&corpus)
