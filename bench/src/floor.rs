@@ -2,10 +2,11 @@
 //!
 //! [`start`] starts N pods straight over CRI with the parallelism evlet's pod
 //! workers have (one task per pod, at most `parallel` starting at once, as
-//! evlet's `--max-parallel-pod-starts`): `RunPodSandbox`, then
+//! evlet's `--max-parallel-pod-starts`): `RunPodSandbox` and
+//! `PodSandboxStatus` (for the IP, as evlet and upstream read it), then
 //! `CreateContainer` and `StartContainer`, with the very configs evlet builds
-//! (its own `sync::spec` builders on its own parsed manifests), so the
-//! runtime does exactly the same work. Then, at that density, it SIGKILLs a
+//! (its own `sync::spec` builders and managed `/etc/hosts` on its own parsed
+//! manifests), so the runtime does exactly the same work. Then, at that density, it SIGKILLs a
 //! container's init and at once creates and starts its replacement: the floor
 //! of "kill → replacement running" for an agent that knows of the death at
 //! once (the runtime handles the old container's exit meanwhile, as it does
@@ -52,18 +53,38 @@ fn pods(n: usize, image: &str) -> Result<Vec<Pod>> {
     Ok(out)
 }
 
-/// Starts one pod: sandbox, then its container; returns both.
+/// A started floor pod: its sandbox, its IP and its container.
+struct Started {
+    sandbox: SandboxId,
+    ip: Option<String>,
+    container: ContainerId,
+}
+
+/// Starts one pod: sandbox (and its IP, which evlet reads after creating
+/// one as upstream does), then its container.
 async fn start_pod(
     client: &RuntimeClient,
     node: &NodeContext,
     pod: &Pod,
     restart_count: u32,
-) -> Result<(SandboxId, ContainerId)> {
+) -> Result<Started> {
     let sandbox_config = spec::sandbox_config(node, pod, 0)?;
     std::fs::create_dir_all(spec::log_dir(node, pod))?;
     let sandbox = client.run_pod_sandbox(sandbox_config.clone(), "").await?;
-    let container = create_start_one(client, node, pod, &sandbox, restart_count).await?;
-    Ok((sandbox, container))
+    let ip = client
+        .pod_sandbox_status(&sandbox, false)
+        .await?
+        .status
+        .and_then(|s| s.network)
+        .map(|n| n.ip)
+        .filter(|ip| !ip.is_empty());
+    let container =
+        create_start_one(client, node, pod, &sandbox, ip.as_deref(), restart_count).await?;
+    Ok(Started {
+        sandbox,
+        ip,
+        container,
+    })
 }
 
 async fn create_start_one(
@@ -71,6 +92,7 @@ async fn create_start_one(
     node: &NodeContext,
     pod: &Pod,
     sandbox: &SandboxId,
+    pod_ip: Option<&str>,
     restart_count: u32,
 ) -> Result<ContainerId> {
     let sandbox_config = spec::sandbox_config(node, pod, 0)?;
@@ -85,6 +107,10 @@ async fn create_start_one(
     std::fs::create_dir_all(&dir)?;
     let log = dir.join(format!("{restart_count:08x}"));
     std::fs::write(&log, b"")?;
+    // The same kubelet-managed /etc/hosts evlet mounts.
+    let mounts: Vec<_> = evlet::sync::syncer::hosts_file(node, pod, c, pod_ip)?
+        .into_iter()
+        .collect();
     let config = spec::container_config(
         node,
         pod,
@@ -92,11 +118,11 @@ async fn create_start_one(
         &ContainerContext {
             kind: Kind::App,
             restart_count,
-            pod_ip: None,
+            pod_ip,
             objects: &objects,
             services: &[],
             termination_log: Some(&log),
-            mounts: &[],
+            mounts: &mounts,
         },
     )?;
     let id = client
@@ -145,9 +171,9 @@ pub async fn measure(
     }
     let start_total = started.elapsed();
     let mut lat = Vec::new();
-    for (k, (pod, (sandbox, container))) in started_pods.iter().take(samples).enumerate() {
+    for (k, (pod, started)) in started_pods.iter().take(samples).enumerate() {
         let pid = client
-            .container_pid(container)
+            .container_pid(&started.container)
             .await?
             .context("no init pid of a floor container")?;
         let t = Instant::now();
@@ -156,7 +182,8 @@ pub async fn measure(
             client,
             &node,
             pod,
-            sandbox,
+            &started.sandbox,
+            started.ip.as_deref(),
             1 + u32::try_from(k).unwrap_or(0),
         )
         .await?;

@@ -583,9 +583,8 @@ impl Syncer {
             .volumes
             .container_mounts(c, volumes, &env)
             .map_err(|e| config_error(e.to_string()))?;
-        if let Some(hosts) = self
-            .hosts_file(pod, c, pod_ip)
-            .map_err(|e| config_error(e.to_string()))?
+        if let Some(hosts) =
+            hosts_file(&self.node, pod, c, pod_ip).map_err(|e| config_error(e.to_string()))?
         {
             mounts.push(hosts);
         }
@@ -737,54 +736,6 @@ impl Syncer {
         let image = c.image.clone().unwrap_or_default();
         let status = self.client.image_status(&image).await?;
         Ok(super::security::ImageUser::of(status))
-    }
-
-    /// The kubelet-managed `/etc/hosts` of a container, written into the pod's
-    /// directory (upstream: only once the pod has an IP, and not for a
-    /// container that mounts its own `/etc/hosts`).
-    fn hosts_file(
-        &self,
-        pod: &Pod,
-        c: &Container,
-        pod_ip: Option<&str>,
-    ) -> std::io::Result<Option<evlet_cri::api::Mount>> {
-        let host_network = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.host_network)
-            .unwrap_or(false);
-        let ips: Vec<String> = match (host_network, pod_ip) {
-            (true, _) => self.node.host_ip.iter().cloned().collect(),
-            (false, Some(ip)) => vec![ip.to_owned()],
-            (false, None) => Vec::new(),
-        };
-        if ips.is_empty()
-            || c.volume_mounts
-                .iter()
-                .flatten()
-                .any(|m| m.mount_path == "/etc/hosts")
-        {
-            return Ok(None);
-        }
-        let Ok(names) = crate::dns::names(pod, &self.node.dns.cluster_domain) else {
-            return Ok(None);
-        };
-        let node_hosts = if host_network {
-            Some(std::fs::read_to_string("/etc/hosts")?)
-        } else {
-            None
-        };
-        let text = crate::dns::hosts_file(pod, &names, &ips, node_hosts.as_deref());
-        let dir = spec::pod_dir(&self.node, pod);
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("etc-hosts");
-        std::fs::write(&path, text)?;
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-        Ok(Some(evlet_cri::api::Mount {
-            container_path: "/etc/hosts".into(),
-            host_path: path.display().to_string(),
-            ..Default::default()
-        }))
     }
 
     /// Makes sure `c`'s image is present under its pull policy; returns the
@@ -1068,3 +1019,52 @@ enum Start {
     /// The runtime is unavailable: abort the sync.
     Runtime(evlet_cri::Error),
 }
+
+/// The kubelet-managed `/etc/hosts` of a container, written into the pod's
+/// directory (upstream: only once the pod has an IP, and not for a
+/// container that mounts its own `/etc/hosts`).
+pub fn hosts_file(
+    node: &NodeContext,
+    pod: &Pod,
+    c: &Container,
+    pod_ip: Option<&str>,
+) -> std::io::Result<Option<evlet_cri::api::Mount>> {
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let ips: Vec<String> = match (host_network, pod_ip) {
+        (true, _) => node.host_ip.iter().cloned().collect(),
+        (false, Some(ip)) => vec![ip.to_owned()],
+        (false, None) => Vec::new(),
+    };
+    if ips.is_empty()
+        || c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/etc/hosts")
+    {
+        return Ok(None);
+    }
+    let Ok(names) = crate::dns::names(pod, &node.dns.cluster_domain) else {
+        return Ok(None);
+    };
+    let node_hosts = if host_network {
+        Some(std::fs::read_to_string("/etc/hosts")?)
+    } else {
+        None
+    };
+    let text = crate::dns::hosts_file(pod, &names, &ips, node_hosts.as_deref());
+    let dir = spec::pod_dir(node, pod);
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("etc-hosts");
+    std::fs::write(&path, text)?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    Ok(Some(evlet_cri::api::Mount {
+        container_path: "/etc/hosts".into(),
+        host_path: path.display().to_string(),
+        ..Default::default()
+    }))
+}
+
