@@ -441,7 +441,7 @@ async fn flush_diagnostics(diagnostics: Arc<Diagnostics>, shutdown: Cancellation
     loop {
         let stopping = tokio::select! {
             () = shutdown.cancelled() => true,
-            () = tokio::time::sleep(DIAGNOSTICS_FLUSH) => false,
+            () = tokio::time::sleep_until(crate::clock::next_tick(DIAGNOSTICS_FLUSH)) => false,
         };
         let d = Arc::clone(&diagnostics);
         let _ = tokio::task::spawn_blocking(move || d.flush()).await;

@@ -115,11 +115,11 @@ pub async fn watch_runtime(
     checks: Arc<Checks>,
     shutdown: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(RUNTIME_CHECK);
+    let mut tick = crate::clock::Ticks::every(RUNTIME_CHECK);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+            () = tick.tick() => {}
         }
         let health = runtime_health(client.status(false).await);
         if let Err(e) = &health {

@@ -166,13 +166,12 @@ pub async fn run(
     interval: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::clock::Ticks::every(interval);
     let mut paths: HashMap<ContainerId, PathBuf> = HashMap::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+            () = tick.tick() => {}
         }
         let running = running();
         let ids: HashSet<&ContainerId> = running.iter().collect();

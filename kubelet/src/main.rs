@@ -389,8 +389,7 @@ const TRIM_AFTER_GROWTH: u64 = 4 << 20;
 /// Measured with 500 pods: RSS 74 MiB before a trim, 53 MiB after.
 #[cfg(target_env = "gnu")]
 async fn trim_heap() {
-    let mut tick = tokio::time::interval(TRIM_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = evlet::clock::Ticks::every(TRIM_EVERY);
     let mut after_last = 0;
     let mut trimmed = false;
     loop {

@@ -118,8 +118,8 @@ impl SyncLoop {
             mut refresh,
             mut reclaim,
         } = inputs;
-        let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
-        let mut gc = tokio::time::interval(self.container_gc.period);
+        let mut housekeeping = crate::clock::Ticks::every(HOUSEKEEPING);
+        let mut gc = crate::clock::Ticks::every(self.container_gc.period);
         let mut sources_open = true;
         loop {
             tokio::select! {
@@ -167,8 +167,8 @@ impl SyncLoop {
                         self.workers.update(pod, UpdateKind::Sync);
                     }
                 }
-                _ = housekeeping.tick() => self.housekeeping().await,
-                _ = gc.tick() => {
+                () = housekeeping.tick() => self.housekeeping().await,
+                () = gc.tick() => {
                     self.container_gc(false);
                     // Pods that finished since leave the QoS shares (upstream
                     // brings the QoS cgroups in line every minute).

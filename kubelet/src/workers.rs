@@ -40,6 +40,16 @@ pub const RESYNC: Duration = Duration::from_secs(60);
 /// Upstream's `backOffPeriod` for sync errors (each wait is 100–150 % of it,
 /// `wait.Jitter(backOffPeriod, 0.5)`).
 pub const ERROR_BACKOFF: Duration = Duration::from_secs(10);
+/// Upstream's sync loop syncs the pods whose resync came due on its 1 s
+/// `syncTicker`; evlet's workers keep their own timers, due on the agent's
+/// shared 1 s ticks ([`crate::clock::next_tick`]), so one wake-up serves every
+/// pod due within that second. Shorter periods (tests) tick at a tenth of it.
+pub const RESYNC_TICK: Duration = Duration::from_secs(1);
+
+/// When a periodic resync due at `at` runs: on the next shared tick.
+fn resync_at(at: Instant, period: Duration) -> Instant {
+    crate::clock::on_tick(crate::clock::tick_origin(), at, RESYNC_TICK.min(period / 10))
+}
 
 /// Where the statuses workers compute go beyond the local `/pods` view (the
 /// API server's status manager). Declared here, by its consumer.
@@ -664,7 +674,7 @@ impl Worker {
                         ),
                     }
                     operation = "sync";
-                    let (delay, changed) = match result {
+                    let (at, changed) = match result {
                         Ok(SyncOutcome {
                             waiting: w,
                             retry_after,
@@ -674,15 +684,20 @@ impl Worker {
                             waiting = w;
                             failed |= f;
                             let jitter = self.shared.resync.mul_f64(1.0 + 0.5 * fastrand::f64());
-                            (retry_after.map_or(jitter, |r| r.min(jitter)), changed)
+                            let at = match retry_after {
+                                Some(r) if r < jitter => Instant::now() + r,
+                                // The periodic resync, on the shared ticks.
+                                _ => resync_at(Instant::now() + jitter, self.shared.resync),
+                            };
+                            (at, changed)
                         }
                         Err(e) => {
                             tracing::warn!(pod = %pod::key(&current), error = %e, "sync failed; retrying");
-                            (errors.next_delay(), true)
+                            (Instant::now() + errors.next_delay(), true)
                         }
                     };
                     self.sync_finished(changed);
-                    next_resync = Some(Instant::now() + delay);
+                    next_resync = Some(at);
                     // The status reflects the cache as the sync saw it, with this
                     // sync's waiting reasons; the next relist's event refreshes it.
                     // Sync again when the active deadline comes.
@@ -925,5 +940,21 @@ fn sync_extra<'a>(
         host_ip,
         failed,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_resyncs_fall_on_the_shared_ticks() {
+        let origin = crate::clock::tick_origin();
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // Upstream's 60 s period: the 1 s ticks.
+        assert_eq!(resync_at(origin + ms(61_200), s(60)), origin + s(62));
+        // A test's 1 s period: 100 ms ticks, so it stays near 1–1.5 s.
+        assert_eq!(resync_at(origin + ms(1_230), s(1)), origin + ms(1_300));
     }
 }

@@ -396,7 +396,7 @@ impl EvictionManager {
             };
             let rearm = async {
                 if kernel && !points.is_empty() {
-                    tokio::time::sleep(REARM).await;
+                    tokio::time::sleep_until(crate::clock::next_tick(REARM)).await;
                 } else {
                     std::future::pending::<()>().await;
                 }

@@ -110,12 +110,11 @@ impl ImageGc {
             return;
         }
         let mut failed_before = false;
-        let mut tick = tokio::time::interval(self.policy.period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = crate::clock::Ticks::every(self.policy.period);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
+                () = tick.tick() => {}
             }
             match self.collect().await {
                 Ok(()) => failed_before = false,

@@ -293,8 +293,7 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
     let mut lost_seen = reader.lost().unwrap_or(0);
     let mut state = ReaderState::new();
     let mut batch = Vec::new();
-    let mut tick = tokio::time::interval(LOSS_CHECK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::clock::Ticks::every(LOSS_CHECK);
     loop {
         let mut proof = None;
         tokio::select! {
@@ -305,7 +304,7 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
             }
             // Taken before the drain: every record submitted by now is read below.
             () = ctx.quiet.requested() => proof = Some(Instant::now()),
-            _ = tick.tick() => {}
+            () = tick.tick() => {}
         }
         reader.drain_ready(&mut batch);
         for event in batch.drain(..) {
