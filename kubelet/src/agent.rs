@@ -443,8 +443,11 @@ async fn flush_diagnostics(diagnostics: Arc<Diagnostics>, shutdown: Cancellation
             () = shutdown.cancelled() => true,
             () = tokio::time::sleep_until(crate::clock::next_tick(DIAGNOSTICS_FLUSH)) => false,
         };
-        let d = Arc::clone(&diagnostics);
-        let _ = tokio::task::spawn_blocking(move || d.flush()).await;
+        // Nothing to write, nothing to wake a blocking thread for.
+        if stopping || diagnostics.unflushed() {
+            let d = Arc::clone(&diagnostics);
+            let _ = tokio::task::spawn_blocking(move || d.flush()).await;
+        }
         if stopping {
             return;
         }

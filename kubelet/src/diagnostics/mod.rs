@@ -293,6 +293,13 @@ impl Diagnostics {
         }
     }
 
+    /// Whether [`Self::flush`] has anything to write.
+    pub fn unflushed(&self) -> bool {
+        self.dir.is_some()
+            && (self.ooms_dirty.load(Ordering::Relaxed)
+                || crate::lock::lock(&self.timelines).has_changes())
+    }
+
     /// Writes what changed since the last flush (blocking IO: call it off
     /// the runtime's threads). Failures are logged; records stay in memory.
     pub fn flush(&self) {

@@ -241,6 +241,12 @@ impl Timelines {
         v
     }
 
+    /// Whether a timeline changed or a pod was dropped since the last
+    /// [`Self::take_changes`].
+    pub fn has_changes(&self) -> bool {
+        !self.dirty.is_empty() || !self.dropped.is_empty()
+    }
+
     /// What changed and what was dropped since the last call.
     pub fn take_changes(&mut self) -> (Vec<PodTimeline>, Vec<String>) {
         let changed = std::mem::take(&mut self.dirty)
@@ -255,6 +261,17 @@ impl Timelines {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changes_are_known_until_taken() {
+        let mut t = Timelines::default();
+        assert!(!t.has_changes());
+        t.record("u0", 1, Source::Kernel, "exit".into());
+        assert!(t.has_changes());
+        let (changed, dropped) = t.take_changes();
+        assert_eq!((changed.len(), dropped.len()), (1, 0));
+        assert!(!t.has_changes(), "nothing new to flush");
+    }
 
     #[test]
     fn a_dropped_timeline_started_again_is_found_by_uid_only() {
