@@ -119,7 +119,10 @@ mod tests {
         assert_eq!(on_tick(origin, origin + ms(3_100), s(2)), origin + s(4));
         // Nothing before the origin moves; a zero tick moves nothing.
         assert_eq!(on_tick(origin + s(5), origin, s(1)), origin);
-        assert_eq!(on_tick(origin, origin + ms(1_500), s(0)), origin + ms(1_500));
+        assert_eq!(
+            on_tick(origin, origin + ms(1_500), s(0)),
+            origin + ms(1_500)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -136,7 +139,10 @@ mod tests {
             // tokio's timer wheel fires in whole milliseconds of its own start.
             let off = (Instant::now() - origin).as_nanos() % period.as_nanos();
             let ms = Duration::from_millis(1).as_nanos();
-            assert!(off < ms || period.as_nanos() - off < ms, "{off} ns off a tick");
+            assert!(
+                off < ms || period.as_nanos() - off < ms,
+                "{off} ns off a tick"
+            );
         }
     }
 }

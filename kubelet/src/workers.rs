@@ -48,7 +48,11 @@ pub const RESYNC_TICK: Duration = Duration::from_secs(1);
 
 /// When a periodic resync due at `at` runs: on the next shared tick.
 fn resync_at(at: Instant, period: Duration) -> Instant {
-    crate::clock::on_tick(crate::clock::tick_origin(), at, RESYNC_TICK.min(period / 10))
+    crate::clock::on_tick(
+        crate::clock::tick_origin(),
+        at,
+        RESYNC_TICK.min(period / 10),
+    )
 }
 
 /// Where the statuses workers compute go beyond the local `/pods` view (the

@@ -1067,4 +1067,3 @@ pub fn hosts_file(
         ..Default::default()
     }))
 }
-
