@@ -154,9 +154,12 @@ pub struct CriCalls {
     pub concurrent8_calls_per_s: f64,
 }
 
+/// A figure with three significant digits at most, two decimals under 1
+/// (an idle CPU of 0.177 % is not "0.2" against a 0.2 % target).
 fn fmt_ms(v: Option<f64>) -> String {
     match v {
         Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) if v < 1.0 => format!("{v:.2}"),
         Some(v) => format!("{v:.1}"),
         None => "–".into(),
     }
@@ -523,4 +526,17 @@ pub fn chart(results: &Results, path: &Path) -> Result<()> {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_keep_the_digits_a_target_needs() {
+        assert_eq!(fmt_ms(Some(0.177)), "0.18");
+        assert_eq!(fmt_ms(Some(6.43)), "6.4");
+        assert_eq!(fmt_ms(Some(254.4)), "254");
+        assert_eq!(fmt_ms(None), "–");
+    }
 }
