@@ -665,3 +665,17 @@ async fn a_runtime_that_disagrees_with_the_kernel_is_counted_and_the_kernel_wins
         "the kernel's code, not the runtime's 255"
     );
 }
+
+/// `kubelet_running_pods` and `kubelet_running_containers` follow each change
+/// the hints bring, as upstream's every relist counts them, and do not wait
+/// for the next safety relist.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_running_gauges_follow_the_hinted_relists() {
+    let rig = rig(Duration::ZERO).await;
+    running_pod(&rig, "g").await;
+    assert_eq!(rig.metric("kubelet_running_pods"), 1.0);
+    assert_eq!(
+        rig.metric(r#"kubelet_running_containers{container_state="running"}"#),
+        1.0
+    );
+}

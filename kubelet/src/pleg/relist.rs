@@ -333,6 +333,9 @@ impl Relister {
             old.sandboxes = record.sandboxes;
             old.containers = record.containers;
         }
+        if !events.is_empty() {
+            self.update_gauges(&self.records);
+        }
         self.cache.set(uid, Ok(status), at);
         self.send(events);
         true
@@ -526,6 +529,11 @@ impl Relister {
                 record.namespace = o.namespace.clone();
             }
             self.records.insert(uid.clone(), record);
+        }
+        // The running pods and containers are counted at every change, as
+        // upstream's every relist does, not only at the safety relists.
+        if changed {
+            self.update_gauges(&self.records);
         }
         self.send(events);
         self.metrics
