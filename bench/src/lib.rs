@@ -307,20 +307,34 @@ pub fn pleg_events(
     log: &Path,
     kind: &str,
 ) -> Result<std::collections::HashMap<String, jiff::Timestamp>> {
+    first_log_times(log, |v| {
+        if v["message"] != "pleg event" || v["kind"] != kind {
+            return None;
+        }
+        v["id"].as_str().map(str::to_owned)
+    })
+}
+
+/// Reads evlet's JSON log: for every line `pick` gives a key, the wall-clock
+/// time of the first such line per key.
+///
+/// # Errors
+/// If the log cannot be read.
+pub fn first_log_times(
+    log: &Path,
+    pick: impl Fn(&serde_json::Value) -> Option<String>,
+) -> Result<std::collections::HashMap<String, jiff::Timestamp>> {
     let text = std::fs::read_to_string(log)?;
     let mut out = std::collections::HashMap::new();
     for line in text.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if v["message"] != "pleg event" || v["kind"] != kind {
-            continue;
-        }
-        let (Some(id), Some(ts)) = (v["id"].as_str(), v["timestamp"].as_str()) else {
+        let (Some(key), Some(ts)) = (pick(&v), v["timestamp"].as_str()) else {
             continue;
         };
         if let Ok(ts) = ts.parse::<jiff::Timestamp>() {
-            out.entry(id.to_owned()).or_insert(ts);
+            out.entry(key).or_insert(ts);
         }
     }
     Ok(out)

@@ -77,11 +77,17 @@ pub struct Run {
     pub mode: String,
     /// Pods running during the run.
     pub pods: usize,
-    /// Manifests written → every pod Running (seconds), and per pod.
+    /// Manifests written → the last pod's container started (`StartContainer`
+    /// returned, evlet's log), seconds: the end the floor times.
     pub start_total_s: f64,
-    /// Manifest written → that pod Running.
+    /// Manifest written → that pod's container started.
     pub start_per_pod: Option<Summary>,
-    /// How often `/pods` was polled for the start figures.
+    /// Manifests written → every container running in `/metrics` (seconds,
+    /// to the poll's resolution).
+    #[serde(default)]
+    pub start_running_s: Option<f64>,
+    /// How often `/metrics` was polled for `start_running_s` (before
+    /// 2026-11-27: how often `/pods` was polled for every start figure).
     pub start_poll_ms: u64,
     /// evlet's CPU time during the batch start (seconds).
     #[serde(default)]
@@ -245,6 +251,7 @@ const METRICS: &[Metric] = &[
         Some(r.start_per_pod.as_ref()?.p99_ms)
     }),
     ("start all pods (s)", |r| Some(r.start_total_s)),
+    ("start: all running in /metrics (s)", |r| r.start_running_s),
     ("start: evlet CPU (s)", |r| r.start_evlet_cpu_s),
     ("start: containerd CPU (s)", |r| r.start_containerd_cpu_s),
 ];

@@ -2,7 +2,8 @@
 //!
 //! For each pod count N and each PLEG mode (`generic`, `cri-events`, `ebpf`) this starts
 //! the release `evlet` on the same private containerd with N static pods and measures:
-//! 1. batch start: N manifests written → every pod Running (per pod and total);
+//! 1. batch start: N manifests written → each pod's container started (evlet's log,
+//!    per pod and total), and → every container running (`/metrics`);
 //! 2. idle CPU of evlet (its own cgroup2 `cpu.stat`) and of containerd (`/proc/<pid>/stat`)
 //!    over a fixed window with N pods running, and evlet's RSS;
 //! 3. container kills at random pods: SIGKILL of the init process (the ground truth)
@@ -33,7 +34,6 @@
 //! cargo xtask bench --pods 100 --modes generic,ebpf
 //! ```
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -42,7 +42,9 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use evlet_bench::floor;
 use evlet_bench::report::{self, CriCalls, Floor, Machine, Results, Run};
-use evlet_bench::{Agent, AgentSpec, Endpoint, NODE, Summary, pleg_events, process_cpu, rss_mib};
+use evlet_bench::{
+    Agent, AgentSpec, Endpoint, NODE, Summary, first_log_times, pleg_events, process_cpu, rss_mib,
+};
 use evlet_cri::{
     ContainerFilter, ContainerId, Options, RuntimeClient, SandboxFilter, SandboxId, api,
 };
@@ -160,10 +162,6 @@ fn first_container(pod: &serde_json::Value) -> &serde_json::Value {
     &pod["status"]["containerStatuses"][0]
 }
 
-fn is_running(pod: &serde_json::Value) -> bool {
-    first_container(pod)["state"]["running"].is_object()
-}
-
 /// Polls one pod until `done` holds; the time it took, or `None` after `limit`.
 async fn poll_pod(
     http: &Endpoint,
@@ -185,46 +183,61 @@ async fn poll_pod(
 }
 
 /// Writes N manifests at once and waits until every pod runs.
+///
+/// Each pod's start is its manifest written → its container's
+/// `StartContainer` returned, from evlet's log (the line it writes anyway),
+/// the end the floor times too. Completion is watched on `/metrics`'s running
+/// containers gauge: a few lines, where `/pods` would serialize every pod's
+/// status (800 KB at 500 pods) on the cores the runtime is starting pods on.
 async fn batch_start(
     agent: &Agent,
     manifests: &Path,
+    log: &Path,
     node: &Node,
     pods: usize,
     plan: Plan,
     run: &mut Run,
 ) -> Result<()> {
-    // Reading /pods costs evlet and this harness CPU the runtime then lacks:
-    // at hundreds of pods it is polled less often (the start figures' resolution).
-    let poll = plan.poll.max(Duration::from_millis(pods as u64));
     let (evlet0, containerd0) = (agent.cpu()?, process_cpu(node.containerd_pid)?);
-    let written = Instant::now();
+    let (written, written_at) = (Instant::now(), jiff::Timestamp::now());
     for i in 0..pods {
         write_manifest(manifests, &format!("b{i}.yaml"), &manifest(i, &node.image))?;
     }
-    let mut seen: HashMap<String, Duration> = HashMap::new();
     let deadline = written + Duration::from_secs(120 + pods as u64);
-    while seen.len() < pods {
+    loop {
+        tokio::time::sleep(plan.poll).await;
+        let running = running_containers(&agent.http).await?;
+        if running >= pods {
+            break;
+        }
         if Instant::now() > deadline {
             bail!(
-                "only {} of {pods} pods ran after {:?}",
-                seen.len(),
+                "only {running} of {pods} containers ran after {:?}",
                 written.elapsed()
             );
         }
-        tokio::time::sleep(poll).await;
-        let Some(list) = agent.http.json("/pods").await? else {
-            bail!("/pods is missing");
-        };
-        let now = written.elapsed();
-        for pod in list["items"].as_array().into_iter().flatten() {
-            if let Some(name) = pod["metadata"]["name"].as_str()
-                && is_running(pod)
-            {
-                seen.entry(name.to_owned()).or_insert(now);
-            }
-        }
     }
-    let per_pod: Vec<Duration> = seen.values().copied().collect();
+    run.start_running_s = Some(written.elapsed().as_secs_f64());
+    run.start_poll_ms = plan.poll.as_millis() as u64;
+    run.start_evlet_cpu_s = Some(agent.cpu()?.saturating_sub(evlet0).as_secs_f64());
+    run.start_containerd_cpu_s = Some(
+        process_cpu(node.containerd_pid)?
+            .saturating_sub(containerd0)
+            .as_secs_f64(),
+    );
+    let started = first_log_times(log, |v| {
+        let first_start =
+            v["message"] == "container started" && v["container"] == APP && v["restart_count"] == 0;
+        first_start.then(|| v["pod"].as_str().map(str::to_owned))?
+    })?;
+    let mut per_pod = Vec::with_capacity(pods);
+    for i in 0..pods {
+        let key = format!("default/{}", pod_name(i));
+        let at = started
+            .get(&key)
+            .with_context(|| format!("no `container started` line for {key} in the log"))?;
+        per_pod.push(Duration::try_from(at.duration_since(written_at)).unwrap_or_default());
+    }
     run.start_total_s = per_pod
         .iter()
         .max()
@@ -232,14 +245,22 @@ async fn batch_start(
         .unwrap_or_default()
         .as_secs_f64();
     run.start_per_pod = Summary::of(&per_pod);
-    run.start_poll_ms = poll.as_millis() as u64;
-    run.start_evlet_cpu_s = Some(agent.cpu()?.saturating_sub(evlet0).as_secs_f64());
-    run.start_containerd_cpu_s = Some(
-        process_cpu(node.containerd_pid)?
-            .saturating_sub(containerd0)
-            .as_secs_f64(),
-    );
     Ok(())
+}
+
+/// `kubelet_running_containers{container_state="running"}` from `/metrics`.
+async fn running_containers(http: &Endpoint) -> Result<usize> {
+    let (code, body) = http.get("/metrics").await?;
+    if code != 200 {
+        bail!("GET /metrics: HTTP {code}");
+    }
+    let text = std::str::from_utf8(&body).context("/metrics is not UTF-8")?;
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix("kubelet_running_containers{container_state=\"running\"} "))
+        .context("/metrics has no kubelet_running_containers{container_state=\"running\"}")?;
+    let value: f64 = value.trim().parse().context("kubelet_running_containers")?;
+    Ok(value as usize)
 }
 
 /// CPU of evlet and containerd over the idle window, and evlet's RSS at its end.
@@ -745,7 +766,10 @@ async fn one(
     eprintln!("bench: {mode} with {pods} pods: starting");
     let agent = Agent::start(&spec).await?;
     let measured = async {
-        batch_start(&agent, &manifests, &ctx.node, pods, ctx.plan, &mut run).await?;
+        batch_start(
+            &agent, &manifests, &log, &ctx.node, pods, ctx.plan, &mut run,
+        )
+        .await?;
         eprintln!(
             "bench: {mode} with {pods} pods: all running after {:.1}s; idle window",
             run.start_total_s
@@ -814,7 +838,7 @@ async fn main() -> Result<()> {
         Plan {
             kills: args.kills.unwrap_or(30),
             ooms: args.ooms.unwrap_or(10),
-            idle: Duration::from_secs(args.idle.unwrap_or(60)),
+            idle: Duration::from_secs(args.idle.unwrap_or(120)),
             settle: Duration::from_secs(5),
             cri_window: Duration::from_secs(10),
             poll: Duration::from_millis(100),
