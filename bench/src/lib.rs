@@ -68,6 +68,24 @@ pub fn rss_mib(pid: u32) -> Result<f64> {
     Ok(status.vmrss.unwrap_or(0) as f64 / 1024.0)
 }
 
+/// How long a process's live threads have waited on a run queue for a CPU
+/// (`/proc/<pid>/task/*/schedstat`).
+///
+/// # Errors
+/// If the process is gone.
+pub fn run_delay(pid: u32) -> Result<Duration> {
+    let mut ns = 0;
+    for task in procfs::process::Process::new(pid as i32)?
+        .tasks()?
+        .flatten()
+    {
+        if let Ok(s) = task.schedstat() {
+            ns += s.run_delay;
+        }
+    }
+    Ok(Duration::from_nanos(ns))
+}
+
 /// The cgroup2 mount (pure v2, or the `unified` tree of a v1 hybrid).
 fn cgroup2_mount() -> Option<PathBuf> {
     ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]

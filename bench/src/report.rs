@@ -86,8 +86,9 @@ pub struct Run {
     /// to the poll's resolution).
     #[serde(default)]
     pub start_running_s: Option<f64>,
-    /// How often `/metrics` was polled for `start_running_s` (before
-    /// 2026-11-27: how often `/pods` was polled for every start figure).
+    /// How often `/metrics` was polled for `start_running_s` (in results up
+    /// to 20261126T222418Z: how often `/pods` was polled for every start
+    /// figure).
     pub start_poll_ms: u64,
     /// evlet's CPU time during the batch start (seconds).
     #[serde(default)]
