@@ -81,6 +81,12 @@ impl Stamp {
 /// A file modified less than this long ago is read in full on every scan.
 const RACY: Duration = Duration::from_secs(2);
 
+/// After a watch event, the directory is scanned once this long has passed
+/// without another (upstream reads a changed file at once, with no wait).
+const QUIET: Duration = Duration::from_millis(20);
+/// ... or once this long has passed since the first event of a burst.
+const SETTLE_MAX: Duration = Duration::from_millis(100);
+
 impl FileSource {
     /// A source for `path` on node `node`.
     pub fn new(path: PathBuf, node: String) -> Self {
@@ -270,9 +276,20 @@ impl FileSource {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
                 Some(()) = wake_rx.recv() => {
-                    // Let a burst of writes (an editor's save) settle.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    while wake_rx.try_recv().is_ok() {}
+                    // Let a burst of writes (an editor's save, a tool writing
+                    // many manifests) settle: until QUIET passes without an
+                    // event, SETTLE_MAX at most.
+                    let burst = tokio::time::Instant::now();
+                    loop {
+                        tokio::time::sleep(QUIET).await;
+                        let mut more = false;
+                        while wake_rx.try_recv().is_ok() {
+                            more = true;
+                        }
+                        if !more || burst.elapsed() >= SETTLE_MAX {
+                            break;
+                        }
+                    }
                 }
             }
         }
