@@ -34,6 +34,8 @@ pub const PREFIX: &str = "floor";
 pub struct Floor {
     /// N pods started at once: first call → last container started.
     pub start_total: Duration,
+    /// containerd's own CPU time over that start, if its PID was given.
+    pub start_containerd_cpu: Option<Duration>,
     /// SIGKILL of a container's init → its replacement created and started, at density N.
     pub kill_replacement: Option<Summary>,
 }
@@ -132,20 +134,41 @@ async fn create_start_one(
     Ok(id)
 }
 
-/// Starts `n` pods over CRI at once and times it; then `samples` single
-/// container starts at that density. Cleans up after itself.
+/// What the floor starts, where, and how.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec<'a> {
+    /// The floor's own root directory (pod logs, managed files).
+    pub root: &'a Path,
+    /// The node's cgroup root for the pods.
+    pub cgroup_root: &'a str,
+    /// The pods' image.
+    pub image: &'a str,
+    /// Pods started at once.
+    pub n: usize,
+    /// Kill → replacement samples after the start.
+    pub samples: usize,
+    /// Pods starting at most at once.
+    pub parallel: usize,
+    /// containerd's PID, for its CPU time over the start.
+    pub containerd_pid: Option<u32>,
+}
+
+/// Starts `n` pods over CRI at once and times it (and, given its PID,
+/// containerd's CPU time over it); then `samples` single container starts at
+/// that density. Cleans up after itself.
 ///
 /// # Errors
 /// A CRI failure (the floor pods are removed either way by [`cleanup`]).
-pub async fn measure(
-    client: &RuntimeClient,
-    root: &Path,
-    cgroup_root: &str,
-    image: &str,
-    n: usize,
-    samples: usize,
-    parallel: usize,
-) -> Result<Floor> {
+pub async fn measure(client: &RuntimeClient, spec: &Spec<'_>) -> Result<Floor> {
+    let &Spec {
+        root,
+        cgroup_root,
+        image,
+        n,
+        samples,
+        parallel,
+        containerd_pid,
+    } = spec;
     let node = Arc::new(NodeContext {
         node_name: NODE.into(),
         root_dir: root.to_path_buf(),
@@ -155,6 +178,8 @@ pub async fn measure(
         ..Default::default()
     });
     let pods = pods(n, image)?;
+    let containerd_cpu = || containerd_pid.and_then(|pid| crate::process_cpu(pid).ok());
+    let cpu0 = containerd_cpu();
     let started = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
@@ -170,6 +195,7 @@ pub async fn measure(
         started_pods.push(r??);
     }
     let start_total = started.elapsed();
+    let start_containerd_cpu = cpu0.zip(containerd_cpu()).map(|(a, b)| b.saturating_sub(a));
     let mut lat = Vec::new();
     for (k, (pod, started)) in started_pods.iter().take(samples).enumerate() {
         let pid = client
@@ -191,6 +217,7 @@ pub async fn measure(
     }
     Ok(Floor {
         start_total,
+        start_containerd_cpu,
         kill_replacement: Summary::of(&lat),
     })
 }

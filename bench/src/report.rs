@@ -53,6 +53,10 @@ pub struct Floor {
     /// over CRI at once: the floor of "kill → replacement running".
     #[serde(default)]
     pub kill_replacement: Option<Summary>,
+    /// containerd's own CPU time during the start (seconds), to compare with
+    /// [`Run::start_containerd_cpu_s`].
+    #[serde(default)]
+    pub start_containerd_cpu_s: Option<f64>,
 }
 
 /// Where it ran.
@@ -351,16 +355,17 @@ pub fn markdown(results: &Results) -> String {
         if let Some(n) = results.parallel_pod_starts {
             let _ = writeln!(out, "Pods started at once, here and in evlet: {n}.\n");
         }
-        out += "| pods | start all pods (s) | kill → replacement started p50 (ms) | p99 (ms) |\n\
-                |---:|---:|---:|---:|\n";
+        out += "| pods | start all pods (s) | start: containerd CPU (s) | kill → replacement started p50 (ms) | p99 (ms) |\n\
+                |---:|---:|---:|---:|---:|\n";
         for f in &results.floors {
             // Runs before the kill → replacement floor timed a plain create + start.
             let sample = f.kill_replacement.as_ref().or(f.create_start.as_ref());
             let _ = writeln!(
                 out,
-                "| {} | {:.1} | {} | {} |",
+                "| {} | {:.1} | {} | {} | {} |",
                 f.pods,
                 f.start_total_s,
+                fmt_ms(f.start_containerd_cpu_s),
                 fmt_ms(sample.map(|s| s.p50_ms)),
                 fmt_ms(sample.map(|s| s.p99_ms)),
             );

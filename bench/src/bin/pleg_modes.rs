@@ -952,16 +952,16 @@ fn write(results: &Results, stem: &Path) -> Result<()> {
 async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<()> {
     eprintln!("bench: the runtime's floor with {pods} pods");
     let floor_root = ctx.args.work.join("floor-root");
-    let measured = floor::measure(
-        &ctx.client,
-        &floor_root,
-        &ctx.node.cgroup_root,
-        &ctx.node.image,
-        pods,
-        ctx.plan.kills.min(pods),
-        ctx.args.parallel_pod_starts,
-    )
-    .await;
+    let spec = floor::Spec {
+        root: &floor_root,
+        cgroup_root: &ctx.node.cgroup_root,
+        image: &ctx.node.image,
+        n: pods,
+        samples: ctx.plan.kills.min(pods),
+        parallel: ctx.args.parallel_pod_starts,
+        containerd_pid: Some(ctx.node.containerd_pid),
+    };
+    let measured = floor::measure(&ctx.client, &spec).await;
     floor::cleanup(&ctx.client).await?;
     let measured = measured.context("the CRI-only floor")?;
     eprintln!(
@@ -971,6 +971,7 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
     results.floors.push(Floor {
         pods,
         start_total_s: measured.start_total.as_secs_f64(),
+        start_containerd_cpu_s: measured.start_containerd_cpu.map(|d| d.as_secs_f64()),
         create_start: None,
         kill_replacement: measured.kill_replacement,
     });
