@@ -275,23 +275,25 @@ impl FileSource {
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
-                Some(()) = wake_rx.recv() => {
-                    // Let a burst of writes (an editor's save, a tool writing
-                    // many manifests) settle: until QUIET passes without an
-                    // event, SETTLE_MAX at most.
-                    let burst = tokio::time::Instant::now();
-                    loop {
-                        tokio::time::sleep(QUIET).await;
-                        let mut more = false;
-                        while wake_rx.try_recv().is_ok() {
-                            more = true;
-                        }
-                        if !more || burst.elapsed() >= SETTLE_MAX {
-                            break;
-                        }
-                    }
-                }
+                Some(()) = wake_rx.recv() => settle(&mut wake_rx).await,
             }
+        }
+    }
+}
+
+/// Lets a burst of writes (an editor's save, a tool writing many manifests)
+/// settle: returns once QUIET passed without a watch event, SETTLE_MAX after
+/// the first at most.
+async fn settle(wake_rx: &mut mpsc::Receiver<()>) {
+    let burst = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(QUIET).await;
+        let mut more = false;
+        while wake_rx.try_recv().is_ok() {
+            more = true;
+        }
+        if !more || burst.elapsed() >= SETTLE_MAX {
+            return;
         }
     }
 }
