@@ -34,8 +34,8 @@ pub const PREFIX: &str = "floor";
 pub struct Floor {
     /// N pods started at once: first call → last container started.
     pub start_total: Duration,
-    /// containerd's own CPU time over that start, if its PID was given.
-    pub start_containerd_cpu: Option<Duration>,
+    /// containerd's own CPU time over that start.
+    pub start_containerd_cpu: Duration,
     /// SIGKILL of a container's init → its replacement created and started, at density N.
     pub kill_replacement: Option<Summary>,
 }
@@ -150,11 +150,11 @@ pub struct Spec<'a> {
     /// Pods starting at most at once.
     pub parallel: usize,
     /// containerd's PID, for its CPU time over the start.
-    pub containerd_pid: Option<u32>,
+    pub containerd_pid: u32,
 }
 
-/// Starts `n` pods over CRI at once and times it (and, given its PID,
-/// containerd's CPU time over it); then `samples` single container starts at
+/// Starts `n` pods over CRI at once and times it (and containerd's CPU time
+/// over it); then `samples` single container starts at
 /// that density. Cleans up after itself.
 ///
 /// # Errors
@@ -178,8 +178,7 @@ pub async fn measure(client: &RuntimeClient, spec: &Spec<'_>) -> Result<Floor> {
         ..Default::default()
     });
     let pods = pods(n, image)?;
-    let containerd_cpu = || containerd_pid.and_then(|pid| crate::process_cpu(pid).ok());
-    let cpu0 = containerd_cpu();
+    let cpu0 = crate::process_cpu(containerd_pid)?;
     let started = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
@@ -195,7 +194,7 @@ pub async fn measure(client: &RuntimeClient, spec: &Spec<'_>) -> Result<Floor> {
         started_pods.push(r??);
     }
     let start_total = started.elapsed();
-    let start_containerd_cpu = cpu0.zip(containerd_cpu()).map(|(a, b)| b.saturating_sub(a));
+    let start_containerd_cpu = crate::process_cpu(containerd_pid)?.saturating_sub(cpu0);
     let mut lat = Vec::new();
     for (k, (pod, started)) in started_pods.iter().take(samples).enumerate() {
         let pid = client

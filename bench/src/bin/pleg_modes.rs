@@ -959,7 +959,7 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
         n: pods,
         samples: ctx.plan.kills.min(pods),
         parallel: ctx.args.parallel_pod_starts,
-        containerd_pid: Some(ctx.node.containerd_pid),
+        containerd_pid: ctx.node.containerd_pid,
     };
     let measured = floor::measure(&ctx.client, &spec).await;
     floor::cleanup(&ctx.client).await?;
@@ -971,7 +971,7 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
     results.floors.push(Floor {
         pods,
         start_total_s: measured.start_total.as_secs_f64(),
-        start_containerd_cpu_s: measured.start_containerd_cpu.map(|d| d.as_secs_f64()),
+        start_containerd_cpu_s: Some(measured.start_containerd_cpu.as_secs_f64()),
         create_start: None,
         kill_replacement: measured.kill_replacement,
     });
