@@ -81,11 +81,85 @@ impl Stamp {
 /// A file modified less than this long ago is read in full on every scan.
 const RACY: Duration = Duration::from_secs(2);
 
-/// After a watch event, the directory is scanned once this long has passed
-/// without another (upstream reads a changed file at once, with no wait).
+/// After a watch event, the directory is scanned at once when every file
+/// written since the last scan was closed (or renamed into place, or
+/// removed): upstream reads a changed file at once. A file still open for
+/// writing may be half-written: then the scan waits until this long has
+/// passed without another event...
 const QUIET: Duration = Duration::from_millis(20);
-/// ... or once this long has passed since the first event of a burst.
+/// ... or this long since the first event of the burst.
 const SETTLE_MAX: Duration = Duration::from_millis(100);
+
+/// What the watch saw since the last scan: when its last event came, and
+/// which manifests were written to and not yet closed.
+#[derive(Debug, Default)]
+struct Burst {
+    last: Option<std::time::Instant>,
+    /// Written (created, modified) and not closed, renamed or removed since.
+    open: std::collections::BTreeSet<PathBuf>,
+    /// The watch reported an error (lost events): nothing is known complete.
+    uncertain: bool,
+}
+
+impl Burst {
+    /// Takes in one watch event; returns whether it should wake a scan.
+    /// Dotfiles (editors' and tools' temp files) are never read, so their
+    /// events wake nothing: a temp file renamed into place wakes by its new name.
+    fn record(&mut self, event: &notify::Result<notify::Event>, at: std::time::Instant) -> bool {
+        use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
+        let e = match event {
+            Ok(e) => e,
+            Err(_) => {
+                self.uncertain = true;
+                self.last = Some(at);
+                return true;
+            }
+        };
+        let visible: Vec<&PathBuf> = e
+            .paths
+            .iter()
+            .filter(|p| {
+                !p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
+            .collect();
+        // Only dotfiles: nothing to wake for. (An event with no path at all,
+        // rare, is a write to an unknown file: the burst is uncertain.)
+        if visible.is_empty() && !e.paths.is_empty() {
+            return false;
+        }
+        match e.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Modify(ModifyKind::Name(_))
+            | EventKind::Remove(_) => {
+                for p in &visible {
+                    self.open.remove(*p);
+                }
+            }
+            // Opens and reads (the scan's own among them) change nothing.
+            EventKind::Access(_) => return false,
+            EventKind::Create(CreateKind::Folder) | EventKind::Modify(ModifyKind::Metadata(_)) => {}
+            // Created or written: complete once closed.
+            _ => {
+                self.uncertain |= e.paths.is_empty();
+                self.open.extend(visible.into_iter().cloned());
+            }
+        }
+        self.last = Some(at);
+        true
+    }
+
+    /// How long to wait before scanning, `burst` after the burst's first
+    /// wake: nothing when every write is complete, else until QUIET after the
+    /// last event (SETTLE_MAX after `burst` at most).
+    fn wait(&self, burst: std::time::Instant, now: std::time::Instant) -> Duration {
+        if self.open.is_empty() && !self.uncertain {
+            return Duration::ZERO;
+        }
+        let quiet = self.last.map_or(now, |l| l + QUIET);
+        quiet.min(burst + SETTLE_MAX).saturating_duration_since(now)
+    }
+}
 
 impl FileSource {
     /// A source for `path` on node `node`.
@@ -223,6 +297,8 @@ impl FileSource {
         cancel: CancellationToken,
     ) {
         let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
+        let burst = Arc::new(std::sync::Mutex::new(Burst::default()));
+        let seen = Arc::clone(&burst);
         let watch_dir = if self.path.is_dir() {
             self.path.clone()
         } else {
@@ -232,7 +308,7 @@ impl FileSource {
                 .unwrap_or_default()
         };
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if wakes(&res) {
+            if crate::lock::lock(&seen).record(&res, std::time::Instant::now()) {
                 let _ = wake_tx.try_send(());
             }
         });
@@ -275,63 +351,124 @@ impl FileSource {
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
-                Some(()) = wake_rx.recv() => settle(&mut wake_rx).await,
+                Some(()) = wake_rx.recv() => settle(&burst).await,
             }
         }
     }
 }
 
-/// Lets a burst of writes (an editor's save, a tool writing many manifests)
-/// settle: returns once QUIET passed without a watch event, SETTLE_MAX after
-/// the first at most.
-async fn settle(wake_rx: &mut mpsc::Receiver<()>) {
-    let burst = tokio::time::Instant::now();
+/// Lets a burst of writes settle (see [`Burst::wait`]), then starts the next
+/// burst: the scan that follows reads everything written until then.
+async fn settle(burst: &std::sync::Mutex<Burst>) {
+    let first = std::time::Instant::now();
     loop {
-        tokio::time::sleep(QUIET).await;
-        let mut more = false;
-        while wake_rx.try_recv().is_ok() {
-            more = true;
+        let wait = crate::lock::lock(burst).wait(first, std::time::Instant::now());
+        if wait.is_zero() {
+            break;
         }
-        if !more || burst.elapsed() >= SETTLE_MAX {
-            return;
-        }
+        tokio::time::sleep(wait).await;
     }
-}
-
-/// Whether a watch event should trigger a rescan. inotify also reports opens and
-/// reads: the scan's own reads must not wake the next scan (a loop that would
-/// parse every manifest ten times a second).
-fn wakes(event: &notify::Result<notify::Event>) -> bool {
-    use notify::event::{AccessKind, AccessMode, EventKind};
-    match event {
-        Ok(e) => match e.kind {
-            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-            kind => !kind.is_access(),
-        },
-        Err(_) => true,
-    }
+    *crate::lock::lock(burst) = Burst::default();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn event(kind: notify::EventKind, path: &str) -> notify::Result<notify::Event> {
+        Ok(notify::Event::new(kind).add_path(PathBuf::from(path)))
+    }
+
     #[test]
-    fn reads_of_manifests_do_not_wake_a_rescan_but_writes_and_errors_do() {
+    fn reads_of_manifests_and_temp_files_do_not_wake_a_rescan_but_writes_and_errors_do() {
         use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
-        let ev = |kind| Ok(notify::Event::new(kind));
-        assert!(!wakes(&ev(EventKind::Access(AccessKind::Open(
-            AccessMode::Any
-        )))));
-        assert!(!wakes(&ev(EventKind::Access(AccessKind::Close(
-            AccessMode::Read
-        )))));
-        assert!(wakes(&ev(EventKind::Access(AccessKind::Close(
-            AccessMode::Write
-        )))));
-        assert!(wakes(&ev(EventKind::Create(CreateKind::File))));
-        assert!(wakes(&ev(EventKind::Modify(ModifyKind::Any))));
-        assert!(wakes(&Err(notify::Error::generic("queue overflow"))));
+        let now = std::time::Instant::now();
+        let mut b = Burst::default();
+        let open = EventKind::Access(AccessKind::Open(AccessMode::Any));
+        let read = EventKind::Access(AccessKind::Close(AccessMode::Read));
+        assert!(!b.record(&event(open, "/m/web.yaml"), now));
+        assert!(!b.record(&event(read, "/m/web.yaml"), now));
+        assert!(!b.record(
+            &event(EventKind::Create(CreateKind::File), "/m/.web.yaml.tmp"),
+            now
+        ));
+        assert!(b.record(
+            &event(EventKind::Create(CreateKind::File), "/m/web.yaml"),
+            now
+        ));
+        assert!(b.record(
+            &event(EventKind::Modify(ModifyKind::Any), "/m/web.yaml"),
+            now
+        ));
+        assert!(b.record(
+            &event(
+                EventKind::Access(AccessKind::Close(AccessMode::Write)),
+                "/m/web.yaml"
+            ),
+            now
+        ));
+        assert!(b.record(&Err(notify::Error::generic("queue overflow")), now));
+    }
+
+    #[test]
+    fn a_scan_waits_for_a_file_still_open_for_writing_and_not_for_closed_or_renamed_ones() {
+        use notify::event::{
+            AccessKind, AccessMode, CreateKind, EventKind, ModifyKind, RenameMode,
+        };
+        let t0 = std::time::Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        let mut b = Burst::default();
+        // A temp file renamed into place (kubeadm, the bench): complete at once.
+        b.record(&event(EventKind::Create(CreateKind::File), "/m/.a.tmp"), t0);
+        b.record(
+            &event(
+                EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+                "/m/a.yaml",
+            ),
+            t0,
+        );
+        assert_eq!(b.wait(t0, t0), Duration::ZERO);
+        // A file written in place: it waits until closed ...
+        b.record(&event(EventKind::Create(CreateKind::File), "/m/b.yaml"), t0);
+        b.record(
+            &event(EventKind::Modify(ModifyKind::Any), "/m/b.yaml"),
+            t0 + ms(5),
+        );
+        assert_eq!(
+            b.wait(t0, t0 + ms(5)),
+            QUIET,
+            "open: QUIET after its last write"
+        );
+        assert_eq!(b.wait(t0, t0 + ms(15)), ms(10));
+        b.record(
+            &event(
+                EventKind::Access(AccessKind::Close(AccessMode::Write)),
+                "/m/b.yaml",
+            ),
+            t0 + ms(6),
+        );
+        assert_eq!(b.wait(t0, t0 + ms(6)), Duration::ZERO, "closed: at once");
+        // ... or, for a writer that never closes, QUIET after its last write,
+        // and SETTLE_MAX after the burst began at most.
+        b.record(
+            &event(EventKind::Modify(ModifyKind::Any), "/m/c.yaml"),
+            t0 + ms(90),
+        );
+        assert_eq!(b.wait(t0, t0 + ms(95)), ms(5));
+        assert_eq!(b.wait(t0, t0 + ms(100)), Duration::ZERO);
+        // A removed file is complete; lost events make nothing certain.
+        let mut b = Burst::default();
+        b.record(&event(EventKind::Modify(ModifyKind::Any), "/m/d.yaml"), t0);
+        b.record(
+            &event(
+                EventKind::Remove(notify::event::RemoveKind::File),
+                "/m/d.yaml",
+            ),
+            t0,
+        );
+        assert_eq!(b.wait(t0, t0), Duration::ZERO);
+        b.record(&Err(notify::Error::generic("queue overflow")), t0);
+        assert_eq!(b.wait(t0, t0), QUIET);
     }
 
     const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: app, image: evlet.local/test:v1}]\n";
