@@ -123,12 +123,23 @@ impl CacheWriter {
 
     /// Declares `uid`'s entry unchanged up to `time` (the kernel proved the pod
     /// quiet; see `pleg::hinted`). Only an entry that holds a status can be
-    /// vouched for: returns false for a missing or failed one.
-    pub fn touch(&self, uid: &PodUid, time: Instant) -> bool {
+    /// vouched for: returns false for a failed one, and for a missing one
+    /// unless `unseen` (the runtime has shown nothing of the pod: it is empty).
+    pub fn touch(&self, uid: &PodUid, time: Instant, unseen: bool) -> bool {
         {
             let mut inner = lock(&self.shared.inner);
             match inner.pods.get_mut(uid) {
                 Some(e) if e.status.is_ok() => e.modified = e.modified.max(time),
+                None if unseen => {
+                    let entry = Entry {
+                        status: Ok(Arc::new(PodStatus::empty(uid.clone()))),
+                        modified: time,
+                    };
+                    if is_known(&entry) {
+                        inner.known_generation += 1;
+                    }
+                    inner.pods.insert(uid.clone(), entry);
+                }
                 _ => return false,
             }
         }

@@ -600,8 +600,12 @@ impl Worker {
             let phase = *lock(&self.phase);
             match phase {
                 Phase::Sync => {
-                    let since =
-                        last_sync.unwrap_or_else(|| Instant::now() - Duration::from_millis(1));
+                    // A first sync wants what the runtime had when the pod
+                    // came, give or take how far a kernel quiet proof lags:
+                    // a new pod's emptiness is then proven, not read.
+                    let since = last_sync.unwrap_or_else(|| {
+                        Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
+                    });
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
@@ -729,8 +733,12 @@ impl Worker {
                     }
                 }
                 Phase::Terminating(grace) => {
-                    let since =
-                        last_sync.unwrap_or_else(|| Instant::now() - Duration::from_millis(1));
+                    // A first sync wants what the runtime had when the pod
+                    // came, give or take how far a kernel quiet proof lags:
+                    // a new pod's emptiness is then proven, not read.
+                    let since = last_sync.unwrap_or_else(|| {
+                        Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
+                    });
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
@@ -796,8 +804,12 @@ impl Worker {
                     // Nothing runs; the status shows the failure and, as the
                     // PLEG reports them, the containers' final states.
                     next_resync = None;
-                    let since =
-                        last_sync.unwrap_or_else(|| Instant::now() - Duration::from_millis(1));
+                    // A first sync wants what the runtime had when the pod
+                    // came, give or take how far a kernel quiet proof lags:
+                    // a new pod's emptiness is then proven, not read.
+                    let since = last_sync.unwrap_or_else(|| {
+                        Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
+                    });
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
@@ -814,8 +826,12 @@ impl Worker {
                     self.publish(&mut published, &current, &runtime, &extra, Phase::Finished);
                 }
                 Phase::Terminated => {
-                    let since =
-                        last_sync.unwrap_or_else(|| Instant::now() - Duration::from_millis(1));
+                    // A first sync wants what the runtime had when the pod
+                    // came, give or take how far a kernel quiet proof lags:
+                    // a new pod's emptiness is then proven, not read.
+                    let since = last_sync.unwrap_or_else(|| {
+                        Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
+                    });
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };

@@ -465,6 +465,21 @@ async fn a_quiet_proof_is_refused_whenever_the_kernel_cannot_vouch_for_the_pod()
         Some(Answer::Proven),
         "quiet: proven"
     );
+    // A pod no listing has shown anything of (a new pod's first sync): its
+    // emptiness is proven too, without a read.
+    assert_eq!(
+        rig.freshness("new", limit).await,
+        Some(Answer::Proven),
+        "an unseen pod: proven"
+    );
+    let entry = rig
+        .cache
+        .get(&PodUid::from("new"))
+        .and_then(|e| e.status.ok());
+    assert!(
+        entry.is_some_and(|s| s.sandboxes.is_empty() && s.containers.is_empty()),
+        "and empty"
+    );
 
     // A SyncPod running with a hint pending: nothing answers until it ends.
     rig.hints.suspend(PodUid::from("q"));

@@ -38,7 +38,8 @@ pub struct Setup {
 
 /// How long a BPF program may hold a reserved, not yet submitted record. The
 /// programs run for microseconds with preemption off; this is a wide margin.
-const IN_FLIGHT: Duration = Duration::from_millis(2);
+/// A quiet proof vouches for the pods as of this long before its drain.
+pub const IN_FLIGHT: Duration = Duration::from_millis(2);
 
 /// Proofs that every kernel event up to a moment has become a hint.
 ///

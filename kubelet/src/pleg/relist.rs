@@ -608,9 +608,19 @@ impl Relister {
     }
 
     /// Vouches that `uid` has not changed up to `time` without reading the
-    /// runtime (the dispatcher proved it quiet). False if there is no good entry.
+    /// runtime (the dispatcher proved it quiet). A pod no listing has shown
+    /// anything of, with no entry yet (a new pod's first sync), is vouched
+    /// for as empty once a full listing was made: anything made for it since
+    /// would have been hinted. False for a failed entry.
     pub fn touch(&self, uid: &PodUid, time: Instant) -> bool {
-        self.cache.touch(uid, time)
+        let unseen = self.last_full.is_some() && !self.records.contains_key(uid);
+        self.cache.touch(uid, time, unseen)
+    }
+
+    /// Is `uid`'s entry already newer than `since` (a relist made since the
+    /// wait was asked for answers it)?
+    pub fn answers(&self, uid: &PodUid, since: Instant) -> bool {
+        self.cache.reader().fresh(uid, since).is_some()
     }
 
     /// The pods of the last listing.
