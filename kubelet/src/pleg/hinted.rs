@@ -533,12 +533,15 @@ impl Dispatcher {
     /// Answers workers that want a fresh entry: a quiet proof, or a relist.
     async fn fresh(&mut self, mut wanted: Vec<(PodUid, Instant)>) {
         // A pod with a relist coming (hint, expectation, SyncPod end or full
-        // relist) needs nothing here; checked again after the proof, which may
-        // bring new hints.
-        let pending = |this: &Self, uid: &PodUid| {
-            this.expecting.contains_key(uid) || !this.hints.settled(uid)
+        // relist), or one that a relist made after the wait was asked for has
+        // answered already, needs nothing here; checked again after the
+        // proof, which may bring new hints.
+        let pending = |this: &Self, uid: &PodUid, since: Instant| {
+            this.expecting.contains_key(uid)
+                || !this.hints.settled(uid)
+                || this.relister.answers(uid, since)
         };
-        wanted.retain(|(uid, _)| !pending(self, uid));
+        wanted.retain(|(uid, since)| !pending(self, uid, *since));
         // A recent proof newer than every wanted `since` answers them as well as
         // a new one would: at 500 pods, resyncs ask several times a second.
         let reusable = self
@@ -554,7 +557,7 @@ impl Dispatcher {
             _ => None,
         };
         for (uid, since) in wanted {
-            if pending(self, &uid) {
+            if pending(self, &uid, since) {
                 continue;
             }
             if proven.is_some_and(|at| at > since && self.relister.touch(&uid, at)) {
