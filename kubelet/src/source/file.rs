@@ -362,13 +362,21 @@ impl FileSource {
 async fn settle(burst: &std::sync::Mutex<Burst>) {
     let first = std::time::Instant::now();
     loop {
-        let wait = crate::lock::lock(burst).wait(first, std::time::Instant::now());
+        let wait = {
+            let mut b = crate::lock::lock(burst);
+            let wait = b.wait(first, std::time::Instant::now());
+            // Checked and cleared at once: an event that comes after this
+            // belongs to the next burst.
+            if wait.is_zero() {
+                *b = Burst::default();
+            }
+            wait
+        };
         if wait.is_zero() {
-            break;
+            return;
         }
         tokio::time::sleep(wait).await;
     }
-    *crate::lock::lock(burst) = Burst::default();
 }
 
 #[cfg(test)]
