@@ -159,6 +159,19 @@ pub fn evictable<'a>(
     removed
 }
 
+/// Whether a finished pod's published status has caught up with its kill:
+/// no container still shows running. Until then its containers are kept,
+/// so the status can show their terminated states, which it keeps once the
+/// containers are gone (a container removed first would be shown waiting).
+pub fn status_settled(status: &k8s_openapi::api::core::v1::PodStatus) -> bool {
+    status
+        .container_statuses
+        .iter()
+        .chain(status.init_container_statuses.iter())
+        .flatten()
+        .all(|c| c.state.as_ref().is_none_or(|s| s.running.is_none()))
+}
+
 /// The sandboxes of an evicted pod to remove once `dead` (this collection's
 /// containers) are gone: the stopped ones, when no container of the pod is
 /// left (upstream's sandbox GC keeps a sandbox that still has containers).
@@ -208,6 +221,34 @@ mod tests {
         );
         let gone = evictable(&[p], &Policy::default(), 100, &BTreeSet::new());
         assert_eq!(ids(&gone), ["a1", "a2"], "a3 stays: it is a's last state");
+    }
+
+    #[test]
+    fn a_status_that_still_shows_a_container_running_is_not_settled() {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
+            PodStatus as V1,
+        };
+        let with = |state: ContainerState| V1 {
+            container_statuses: Some(vec![ContainerStatus {
+                name: "app".into(),
+                state: Some(state),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert!(!status_settled(&with(ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        })));
+        assert!(status_settled(&with(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 137,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })));
+        assert!(status_settled(&V1::default()));
     }
 
     #[test]

@@ -593,7 +593,8 @@ impl SyncLoop {
         let remove_all: BTreeSet<PodUid> = if self.config.sources_ready() {
             self.workers
                 .views_where(|v| {
-                    crate::eviction::is_evicted(&v.status)
+                    (crate::eviction::is_evicted(&v.status)
+                        && crate::container_gc::status_settled(&v.status))
                         || (reclaim
                             && matches!(v.status.phase.as_deref(), Some("Succeeded" | "Failed")))
                 })
