@@ -600,12 +600,7 @@ impl Worker {
             let phase = *lock(&self.phase);
             match phase {
                 Phase::Sync => {
-                    // A first sync wants what the runtime had when the pod
-                    // came, give or take how far a kernel quiet proof lags:
-                    // a new pod's emptiness is then proven, not read.
-                    let since = last_sync.unwrap_or_else(|| {
-                        Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
-                    });
+                    let since = last_sync.unwrap_or_else(first_since);
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
@@ -733,12 +728,7 @@ impl Worker {
                     }
                 }
                 Phase::Terminating(grace) => {
-                    // A first sync wants what the runtime had when the pod
-                    // came, give or take how far a kernel quiet proof lags:
-                    // a new pod's emptiness is then proven, not read.
-                    let since = last_sync.unwrap_or_else(|| {
-                        Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
-                    });
+                    let since = last_sync.unwrap_or_else(first_since);
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
@@ -804,12 +794,7 @@ impl Worker {
                     // Nothing runs; the status shows the failure and, as the
                     // PLEG reports them, the containers' final states.
                     next_resync = None;
-                    // A first sync wants what the runtime had when the pod
-                    // came, give or take how far a kernel quiet proof lags:
-                    // a new pod's emptiness is then proven, not read.
-                    let since = last_sync.unwrap_or_else(|| {
-                        Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
-                    });
+                    let since = last_sync.unwrap_or_else(first_since);
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
@@ -826,12 +811,7 @@ impl Worker {
                     self.publish(&mut published, &current, &runtime, &extra, Phase::Finished);
                 }
                 Phase::Terminated => {
-                    // A first sync wants what the runtime had when the pod
-                    // came, give or take how far a kernel quiet proof lags:
-                    // a new pod's emptiness is then proven, not read.
-                    let since = last_sync.unwrap_or_else(|| {
-                        Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
-                    });
+                    let since = last_sync.unwrap_or_else(first_since);
                     let Some(runtime) = self.fresh(since).await else {
                         return;
                     };
@@ -961,6 +941,13 @@ fn sync_extra<'a>(
         failed,
         ..Default::default()
     }
+}
+
+/// What a worker's first wait for the cache asks for: what the runtime had
+/// when the pod came, give or take how far a kernel quiet proof lags (so a
+/// new pod's emptiness is proven, not read).
+fn first_since() -> Instant {
+    Instant::now() - crate::pleg::ebpf::IN_FLIGHT - Duration::from_millis(1)
 }
 
 #[cfg(test)]
