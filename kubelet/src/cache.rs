@@ -130,14 +130,12 @@ impl CacheWriter {
             let mut inner = lock(&self.shared.inner);
             match inner.pods.get_mut(uid) {
                 Some(e) if e.status.is_ok() => e.modified = e.modified.max(time),
+                // An empty entry: not a known pod, the generation stays.
                 None if unseen => {
                     let entry = Entry {
                         status: Ok(Arc::new(PodStatus::empty(uid.clone()))),
                         modified: time,
                     };
-                    if is_known(&entry) {
-                        inner.known_generation += 1;
-                    }
                     inner.pods.insert(uid.clone(), entry);
                 }
                 _ => return false,
