@@ -1,7 +1,8 @@
 //! Durable diagnostics: OOM records and pod timelines under
 //! `<root-dir>/diag`, so they survive an agent restart. Bounded by what
 //! memory keeps (`KEEP` records, `timeline::KEEP_PODS` timelines of
-//! `timeline::KEEP_ENTRIES` entries); each file is replaced atomically.
+//! `timeline::KEEP_ENTRIES` entries). The OOM records' file is replaced
+//! atomically; a timeline is rewritten in place (see [`save_pod`]).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -46,9 +47,29 @@ pub fn save_ooms(dir: &Path, ooms: &[OomRecord]) -> std::io::Result<()> {
     write_atomically(&dir.join(OOMS), &serde_json::to_vec(ooms)?)
 }
 
-/// Writes one pod's timeline.
+/// Writes one pod's timeline, over its file in place: the flush rewrites
+/// every changed timeline every 2 s, and replacing each by a new file would
+/// allocate one inode and free another per pod per flush. On ext4 every new
+/// inode's allocation checks each inode freed in the last minute, so at
+/// hundreds of starting pods that churn made each file the node makes (the
+/// runtime's too) cost more. A write torn by a crash leaves a file that no
+/// longer parses, which [`load`] drops with a warning: a timeline is a
+/// diagnostic, not state.
 pub fn save_pod(dir: &Path, pod: &PodTimeline) -> std::io::Result<()> {
-    write_atomically(&pod_file(dir, &pod.uid), &serde_json::to_vec(pod)?)
+    write_in_place(&pod_file(dir, &pod.uid), &serde_json::to_vec(pod)?)
+}
+
+fn write_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.set_len(bytes.len() as u64)
 }
 
 /// Removes one pod's timeline.
@@ -121,5 +142,26 @@ mod tests {
         assert!(!dir.path().join("pods/broken.json").exists());
         remove_pod(dir.path(), "u1");
         assert!(load(dir.path()).1.is_empty());
+    }
+
+    #[test]
+    fn a_timeline_is_rewritten_in_its_own_file() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().expect("dir");
+        let long = PodTimeline {
+            uid: "u1".into(),
+            name: "a-long-name-for-the-first-write".into(),
+            ..Default::default()
+        };
+        save_pod(dir.path(), &long).expect("save");
+        let file = pod_file(dir.path(), "u1");
+        let inode = std::fs::metadata(&file).expect("stat").ino();
+        let short = PodTimeline {
+            name: "p".into(),
+            ..long
+        };
+        save_pod(dir.path(), &short).expect("save");
+        assert_eq!(std::fs::metadata(&file).expect("stat").ino(), inode);
+        assert_eq!(load(dir.path()).1, [short]);
     }
 }
