@@ -358,6 +358,49 @@ pub fn first_log_times(
     Ok(out)
 }
 
+/// Reads a growing log line by line: each [`LogTail::lines`] returns the
+/// complete lines written since the last, so watching a log costs the agent
+/// nothing (where polling its HTTP endpoint would take its CPU).
+#[derive(Debug)]
+pub struct LogTail {
+    path: PathBuf,
+    offset: u64,
+    partial: Vec<u8>,
+}
+
+impl LogTail {
+    /// A reader from the start of `path`.
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            offset: 0,
+            partial: Vec::new(),
+        }
+    }
+
+    /// The complete lines appended since the last call.
+    ///
+    /// # Errors
+    /// The log cannot be read.
+    pub fn lines(&mut self) -> Result<Vec<String>> {
+        use std::io::{Read as _, Seek as _};
+        let mut f = std::fs::File::open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        f.seek(std::io::SeekFrom::Start(self.offset))?;
+        let read = f.read_to_end(&mut self.partial)?;
+        self.offset += read as u64;
+        let Some(end) = self.partial.iter().rposition(|&b| b == b'\n') else {
+            return Ok(Vec::new());
+        };
+        let rest = self.partial.split_off(end + 1);
+        let done = std::mem::replace(&mut self.partial, rest);
+        Ok(String::from_utf8_lossy(&done)
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    }
+}
+
 /// Stops and removes a sandbox. On a loaded runtime a container can still be
 /// stopping when the removal comes ("cannot delete running task"), so the
 /// pair is tried again, a few times, before giving up.
@@ -385,6 +428,37 @@ pub async fn remove_sandbox(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Removes every pod cgroup under `cgroup_root` (the cgroupfs driver's
+/// `kubepods` tree, in every hierarchy): what the runtime leaves of the
+/// benchmark's removed sandboxes, so no timed start pays for cleaning up
+/// after an earlier one. Call it once the pods are gone. Returns how many
+/// pods' cgroups were removed.
+///
+/// # Errors
+/// A pod cgroup still busy after about 2 s.
+pub async fn remove_pod_cgroups(cgroup_root: &str) -> Result<usize> {
+    use evlet::cm::{CgroupManager, Driver, Layout, Names};
+    let cgroups = CgroupManager::new(
+        Layout::detect(),
+        Names::new(Driver::Cgroupfs, cgroup_root),
+        None,
+        0,
+    );
+    let uids = cgroups.pod_uids();
+    for uid in &uids {
+        // A process killed just now may take a moment to leave its cgroup.
+        let mut attempt = 0;
+        while let Err(e) = cgroups.remove_uid(uid).await {
+            attempt += 1;
+            if attempt == 10 {
+                return Err(e).with_context(|| format!("removing the cgroup of pod {uid}"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(uids.len())
 }
 
 /// SIGKILL to `pid`, the init process of a container the benchmark created.
