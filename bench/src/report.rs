@@ -90,9 +90,10 @@ pub struct Run {
     /// to the poll's resolution).
     #[serde(default)]
     pub start_running_s: Option<f64>,
-    /// How often `/metrics` was polled for `start_running_s` (in results up
-    /// to 20261126T222418Z: how often `/pods` was polled for every start
-    /// figure).
+    /// How often evlet's log was read for the last start, then `/metrics`
+    /// until its gauge agreed (in results up to 20261127T033853Z `/metrics`
+    /// was polled from the first manifest on; up to 20261126T222418Z `/pods`
+    /// was, for every start figure).
     pub start_poll_ms: u64,
     /// evlet's CPU time during the batch start (seconds).
     #[serde(default)]

@@ -187,9 +187,12 @@ async fn poll_pod(
 ///
 /// Each pod's start is its manifest written → its container's
 /// `StartContainer` returned, from evlet's log (the line it writes anyway),
-/// the end the floor times too. Completion is watched on `/metrics`'s running
-/// containers gauge: a few lines, where `/pods` would serialize every pod's
-/// status (800 KB at 500 pods) on the cores the runtime is starting pods on.
+/// the end the floor times too. Completion is watched in that log, which
+/// costs evlet nothing: polling its HTTP endpoint would take its CPU on the
+/// cores the runtime is starting pods on (`/metrics` reads every veth's
+/// counters from `/proc/self/net/dev`, `/pods` serializes every status), and
+/// the floor pays no such poll. Then `/metrics`'s running containers gauge
+/// is polled until it agrees: evlet's own count of the pods running.
 async fn batch_start(
     agent: &Agent,
     manifests: &Path,
@@ -205,18 +208,38 @@ async fn batch_start(
         write_manifest(manifests, &format!("b{i}.yaml"), &manifest(i, &node.image))?;
     }
     let deadline = written + Duration::from_secs(120 + pods as u64);
-    loop {
+    let mut tail = evlet_bench::LogTail::new(log);
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < pods {
         tokio::time::sleep(plan.poll).await;
+        for line in tail.lines()? {
+            if !line.contains("\"container started\"") {
+                continue;
+            }
+            if let Some(pod) = first_start_of(&serde_json::from_str(&line).unwrap_or_default()) {
+                seen.insert(pod);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {pods} containers started after {:?}",
+                seen.len(),
+                written.elapsed()
+            );
+        }
+    }
+    loop {
         let running = running_containers(&agent.http).await?;
         if running >= pods {
             break;
         }
         if Instant::now() > deadline {
             bail!(
-                "only {running} of {pods} containers ran after {:?}",
+                "/metrics shows {running} of {pods} containers running after {:?}",
                 written.elapsed()
             );
         }
+        tokio::time::sleep(plan.poll).await;
     }
     run.start_running_s = Some(written.elapsed().as_secs_f64());
     run.start_poll_ms = plan.poll.as_millis() as u64;
@@ -226,11 +249,7 @@ async fn batch_start(
             .saturating_sub(containerd0)
             .as_secs_f64(),
     );
-    let started = first_log_times(log, |v| {
-        let first_start =
-            v["message"] == "container started" && v["container"] == APP && v["restart_count"] == 0;
-        first_start.then(|| v["pod"].as_str().map(str::to_owned))?
-    })?;
+    let started = first_log_times(log, first_start_of)?;
     let mut per_pod = Vec::with_capacity(pods);
     for i in 0..pods {
         let key = format!("default/{}", pod_name(i));
@@ -247,6 +266,14 @@ async fn batch_start(
         .as_secs_f64();
     run.start_per_pod = Summary::of(&per_pod);
     Ok(())
+}
+
+/// The pod (`namespace/name`) of a log line that tells its app container's
+/// first start.
+fn first_start_of(v: &serde_json::Value) -> Option<String> {
+    let first_start =
+        v["message"] == "container started" && v["container"] == APP && v["restart_count"] == 0;
+    first_start.then(|| v["pod"].as_str().map(str::to_owned))?
 }
 
 /// `kubelet_running_containers{container_state="running"}` from `/metrics`.
@@ -747,6 +774,16 @@ async fn cleanup(client: &RuntimeClient) -> Result<()> {
     Ok(())
 }
 
+/// Removes the pod cgroups the runtime left of the removed pods (the floor's
+/// and the last run's), so the next timed start finds the node as it was.
+async fn remove_pod_cgroups(ctx: &Ctx) -> Result<()> {
+    let removed = evlet_bench::remove_pod_cgroups(&ctx.node.cgroup_root).await?;
+    if removed > 0 {
+        eprintln!("bench: removed {removed} pod cgroups left by removed pods");
+    }
+    Ok(())
+}
+
 struct Ctx {
     args: Args,
     node: Node,
@@ -902,6 +939,7 @@ async fn main() -> Result<()> {
     };
     cleanup(&ctx.client).await?;
     floor::cleanup(&ctx.client).await?;
+    remove_pod_cgroups(&ctx).await?;
     let stem = ctx
         .args
         .out
@@ -964,6 +1002,7 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
     let measured = floor::measure(&ctx.client, &spec).await;
     floor::cleanup(&ctx.client).await?;
     let measured = measured.context("the CRI-only floor")?;
+    remove_pod_cgroups(ctx).await?;
     eprintln!(
         "bench: floor with {pods} pods: all started after {:.1}s",
         measured.start_total.as_secs_f64()
@@ -991,6 +1030,7 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
         cleanup(&ctx.client)
             .await
             .with_context(|| format!("removing the pods of {mode} with {pods} pods"))?;
+        remove_pod_cgroups(ctx).await?;
     }
     Ok(())
 }
