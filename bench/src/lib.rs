@@ -344,18 +344,22 @@ pub fn first_log_times(
 ) -> Result<std::collections::HashMap<String, jiff::Timestamp>> {
     let text = std::fs::read_to_string(log)?;
     let mut out = std::collections::HashMap::new();
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let (Some(key), Some(ts)) = (pick(&v), v["timestamp"].as_str()) else {
-            continue;
-        };
-        if let Ok(ts) = ts.parse::<jiff::Timestamp>() {
-            out.entry(key).or_insert(ts);
-        }
+    for (key, ts) in text.lines().filter_map(|l| log_time(l, &pick)) {
+        out.entry(key).or_insert(ts);
     }
     Ok(out)
+}
+
+/// The key `pick` gives one line of evlet's JSON log, with the line's
+/// wall-clock time; None for a line it gives none or that does not parse.
+pub fn log_time(
+    line: &str,
+    pick: impl Fn(&serde_json::Value) -> Option<String>,
+) -> Option<(String, jiff::Timestamp)> {
+    let v = serde_json::from_str::<serde_json::Value>(line).ok()?;
+    let key = pick(&v)?;
+    let ts = v["timestamp"].as_str()?.parse().ok()?;
+    Some((key, ts))
 }
 
 /// Reads a growing log line by line: each [`LogTail::lines`] returns the

@@ -43,8 +43,7 @@ use clap::Parser;
 use evlet_bench::floor;
 use evlet_bench::report::{self, CriCalls, Floor, Machine, Results, Run};
 use evlet_bench::{
-    Agent, AgentSpec, Endpoint, NODE, Summary, first_log_times, pleg_events, process_cpu, rss_mib,
-    run_delay,
+    Agent, AgentSpec, Endpoint, NODE, Summary, pleg_events, process_cpu, rss_mib, run_delay,
 };
 use evlet_cri::{
     ContainerFilter, ContainerId, Options, RuntimeClient, SandboxFilter, SandboxId, api,
@@ -208,22 +207,23 @@ async fn batch_start(
         write_manifest(manifests, &format!("b{i}.yaml"), &manifest(i, &node.image))?;
     }
     let deadline = written + Duration::from_secs(120 + pods as u64);
+    // Each pod's first start, as the tail reads the log.
     let mut tail = evlet_bench::LogTail::new(log);
-    let mut seen = std::collections::HashSet::new();
-    while seen.len() < pods {
+    let mut started = std::collections::HashMap::new();
+    while started.len() < pods {
         tokio::time::sleep(plan.poll).await;
         for line in tail.lines()? {
             if !line.contains("\"container started\"") {
                 continue;
             }
-            if let Some(pod) = first_start_of(&serde_json::from_str(&line).unwrap_or_default()) {
-                seen.insert(pod);
+            if let Some((pod, at)) = evlet_bench::log_time(&line, first_start_of) {
+                started.entry(pod).or_insert(at);
             }
         }
         if Instant::now() > deadline {
             bail!(
                 "only {} of {pods} containers started after {:?}",
-                seen.len(),
+                started.len(),
                 written.elapsed()
             );
         }
@@ -249,7 +249,6 @@ async fn batch_start(
             .saturating_sub(containerd0)
             .as_secs_f64(),
     );
-    let started = first_log_times(log, first_start_of)?;
     let mut per_pod = Vec::with_capacity(pods);
     for i in 0..pods {
         let key = format!("default/{}", pod_name(i));
