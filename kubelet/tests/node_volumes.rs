@@ -231,11 +231,13 @@ async fn sub_paths_stay_in_their_volume_even_when_the_container_plants_a_symlink
             .await;
             let dir = pod_dir(&agent, &w, &pod);
             let data = dir.join("volumes/kubernetes.io~empty-dir/data");
-            assert_eq!(
-                std::fs::read_to_string(data.join(&pod).join("file")).ok().as_deref(),
-                Some("expr\n"),
-                "subPathExpr expanded from the container's env"
-            );
+            // The listing is the script's first write; the subPathExpr file
+            // comes a few commands later.
+            let by_name = eventually(Duration::from_secs(10), "the file written through subPathExpr", || async {
+                std::fs::read_to_string(data.join(&pod).join("file")).ok().filter(|s| s.ends_with('\n'))
+            })
+            .await;
+            assert_eq!(by_name, "expr\n", "subPathExpr expanded from the container's env");
             let s = agent
                 .wait_status(&pod, "the restart refused", Duration::from_secs(30), |s| {
                     let wt = container(s, "app")?.state.as_ref()?.waiting.clone()?;
