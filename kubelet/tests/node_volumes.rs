@@ -71,7 +71,7 @@ async fn empty_dirs_host_paths_and_downward_api_files_are_set_up_and_torn_down()
             w.write(
                 "vols.yaml",
                 &format!(
-                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: vols, labels: {{app: shop, tier: \"front end\"}}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  volumes:\n{out}  - {{name: disk, emptyDir: {{}}}}\n  - {{name: mem, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}\n  - {{name: dir, hostPath: {{path: {host}, type: Directory}}}}\n  - {{name: file, hostPath: {{path: {file}, type: FileOrCreate}}}}\n  - name: info\n    downwardAPI:\n      items:\n      - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}\n      - {{path: pod/name, fieldRef: {{fieldPath: metadata.name}}, mode: 0600}}\n      - {{path: cpu, resourceFieldRef: {{containerName: app, resource: limits.cpu, divisor: 1m}}}}\n  containers:\n  - name: app\n    image: {IMAGE}\n    resources: {{limits: {{cpu: 250m, memory: 64Mi}}}}\n    command: [sh, -c, 'stat -c %a /disk > /out/disk-mode; df -k /mem | tail -1 > /out/mem-df; ls /dir > /out/dir-ls; cat /info/labels > /out/labels; cat /info/pod/name > /out/name; stat -L -c %a /info/pod/name > /out/name-mode; cat /info/cpu > /out/cpu; echo hi > /file; exec sleep 3600']\n    volumeMounts: [{OUT}, {{name: disk, mountPath: /disk}}, {{name: mem, mountPath: /mem}}, {{name: dir, mountPath: /dir}}, {{name: file, mountPath: /file}}, {{name: info, mountPath: /info}}]\n",
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: vols, labels: {{app: shop, tier: \"front end\"}}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  volumes:\n{out}  - {{name: disk, emptyDir: {{}}}}\n  - {{name: mem, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}\n  - {{name: dir, hostPath: {{path: {host}, type: Directory}}}}\n  - {{name: file, hostPath: {{path: {file}, type: FileOrCreate}}}}\n  - name: info\n    downwardAPI:\n      items:\n      - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}\n      - {{path: pod/name, fieldRef: {{fieldPath: metadata.name}}, mode: 0600}}\n      - {{path: cpu, resourceFieldRef: {{containerName: app, resource: limits.cpu, divisor: 1m}}}}\n  containers:\n  - name: app\n    image: {IMAGE}\n    resources: {{limits: {{cpu: 250m, memory: 64Mi}}}}\n    command: [sh, -c, 'stat -c %a /disk > /out/disk-mode; df -k /mem | tail -1 > /out/mem-df; ls /dir > /out/dir-ls; cat /info/labels > /out/labels; cat /info/pod/name > /out/name; stat -L -c %a /info/pod/name > /out/name-mode; echo hi > /file; cat /info/cpu > /out/cpu; exec sleep 3600']\n    volumeMounts: [{OUT}, {{name: disk, mountPath: /disk}}, {{name: mem, mountPath: /mem}}, {{name: dir, mountPath: /dir}}, {{name: file, mountPath: /file}}, {{name: info, mountPath: /info}}]\n",
                     out = out_volume(out.path()),
                     host = host.path().display(),
                     file = file.display(),
@@ -81,6 +81,7 @@ async fn empty_dirs_host_paths_and_downward_api_files_are_set_up_and_torn_down()
             let agent = w.start().await;
             let pod = w.pod_name("vols");
             agent.running_id(&pod, "app").await;
+            // The cpu file is the script's last write.
             eventually(Duration::from_secs(20), "the pod's report", || async {
                 read(out.path(), "cpu").map(|_| ())
             })
