@@ -28,6 +28,7 @@
 //!   [`vars`]: `$(VAR)` expansion.
 //! * [`api`]: API-server mode (node, lease, pod watch, status manager, mirror pods).
 //! * [`diagnostics`]: the kernel's OOM records and Kubernetes-style events.
+//! * [`heap`]: glibc's arenas, and trimming the heap after bursts of work.
 
 pub mod agent;
 pub mod api;
@@ -45,6 +46,7 @@ pub mod downward;
 pub mod envvars;
 pub mod eviction;
 pub mod health;
+pub mod heap;
 pub mod image_gc;
 pub mod lock;
 pub mod logrotate;

@@ -371,67 +371,11 @@ fn effective(flags: Flags) -> Result<Config> {
     })
 }
 
-/// How often freed heap goes back to the kernel.
-#[cfg(target_env = "gnu")]
-const TRIM_EVERY: Duration = Duration::from_secs(10);
-
-/// A trim walks every free chunk and madvises its pages, which on a quiet
-/// node would be most of the idle CPU (as would `mallinfo2`, which walks the
-/// bins too). So the agent trims only after its anonymous memory grew by this
-/// much since the last trim (a burst happened, and what it freed may be
-/// returned), and once more on the tick after a trim (what the burst's end
-/// freed). Reading `/proc/self/statm` is all an idle tick costs.
-#[cfg(target_env = "gnu")]
-const TRIM_AFTER_GROWTH: u64 = 4 << 20;
-
-/// glibc keeps what a burst freed (a batch of pod starts, a large `/pods`
-/// answer) in its arenas; `malloc_trim` hands those pages back to the kernel.
-/// Measured with 500 pods: RSS 74 MiB before a trim, 53 MiB after.
-#[cfg(target_env = "gnu")]
-async fn trim_heap() {
-    let mut tick = evlet::clock::Ticks::every(TRIM_EVERY);
-    let mut after_last = 0;
-    let mut trimmed = false;
-    loop {
-        tick.tick().await;
-        let Some(anon) = anonymous_bytes() else {
-            continue;
-        };
-        let grew = anon > after_last + TRIM_AFTER_GROWTH;
-        // A trim, then one more when the growth has stopped.
-        trimmed = if grew || trimmed {
-            // SAFETY: malloc_trim has no preconditions; it only releases free pages.
-            unsafe { libc::malloc_trim(0) };
-            after_last = anonymous_bytes().unwrap_or(anon);
-            grew
-        } else {
-            false
-        };
-    }
-}
-
-/// The agent's resident memory not backed by a file (statm's resident less
-/// shared pages).
-#[cfg(target_env = "gnu")]
-fn anonymous_bytes() -> Option<u64> {
-    let statm = procfs::process::Process::myself().ok()?.statm().ok()?;
-    Some(statm.resident.saturating_sub(statm.shared) * procfs::page_size())
-}
-
-/// glibc gives each thread that allocates an arena of its own, up to eight
-/// per core; each keeps what was freed in it. Two arenas (the runtime's two
-/// workers) hold the agent's heap with less left over: measured with 500
-/// pods, 53.4 MiB RSS against 55.3 with glibc's default (jemalloc 70.7,
-/// mimalloc 89.0, both through `LD_PRELOAD`).
-#[cfg(target_env = "gnu")]
-const ARENAS: i32 = 2;
-
 fn main() -> Result<()> {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets an allocator parameter; it runs before any
-    // other thread exists.
+    // SAFETY: no other thread exists yet.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
+        evlet::heap::use_few_arenas();
     }
     // `evlet diag …` is a client of a running agent, not an agent.
     if std::env::args().nth(1).as_deref() == Some("diag") {
@@ -464,7 +408,7 @@ fn main() -> Result<()> {
         .build()?;
     runtime.block_on(async move {
         #[cfg(target_env = "gnu")]
-        tokio::spawn(trim_heap());
+        tokio::spawn(evlet::heap::trim_after_bursts());
         if let Some(path) = &kubeconfig {
             config.api = Some(evlet::api::ApiClient::from_kubeconfig(path).await?);
         }
