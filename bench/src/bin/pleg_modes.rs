@@ -352,7 +352,7 @@ async fn kills(
             tokio::time::sleep(Duration::from_millis(fastrand::u64(100..600))).await;
             continue;
         }
-        let delay0 = run_delay(agent.pid).ok();
+        let delay0 = Waits::now(agent.pid);
         let wall = SystemTime::now();
         let sent = Instant::now();
         if evlet_bench::sigkill(pid).is_err() {
@@ -391,9 +391,7 @@ async fn kills(
         // the bench's own requests to the agent do not double while it is timed.
         let in_agent = async {
             let seen = in_status.await;
-            let waited = delay0
-                .zip(run_delay(agent.pid).ok())
-                .map(|(a, b)| b.saturating_sub(a));
+            let waited = delay0.since(agent.pid);
             (seen, waited, replaced.await)
         };
         let ((seen, waited, replacement), runtime) = tokio::join!(in_agent, in_runtime);
@@ -497,17 +495,46 @@ async fn unobserved_kill(
     }
 }
 
+/// How long the agent's threads and the bench's own had waited for a CPU
+/// (schedstat `run_delay`, summed over threads), to tell which side a slow
+/// status waited on: a poll is answered only when both get a CPU.
+#[derive(Debug, Clone, Copy)]
+struct Waits {
+    agent: Option<Duration>,
+    bench: Option<Duration>,
+}
+
+impl Waits {
+    fn now(agent: u32) -> Self {
+        Self {
+            agent: run_delay(agent).ok(),
+            bench: run_delay(std::process::id()).ok(),
+        }
+    }
+
+    /// The waits from `self` to now.
+    fn since(self, agent: u32) -> Self {
+        let now = Self::now(agent);
+        let d = |a: Option<Duration>, b: Option<Duration>| Some(b?.saturating_sub(a?));
+        Self {
+            agent: d(self.agent, now.agent),
+            bench: d(self.bench, now.bench),
+        }
+    }
+}
+
 /// Keeps the timeline of a kill (or OOM kill) whose status took `took`,
 /// from `at` (the kill) to the status, when it was slower than
 /// [`report::SLOW_MS`]: which part of the agent the time went to, and how
-/// long (`waited`) the agent's threads waited for a CPU meanwhile.
+/// long (`waited`) the agent's threads and the bench's waited for a CPU
+/// meanwhile.
 async fn slow_timeline(
     agent: &Agent,
     name: &str,
     what: &str,
     at: SystemTime,
     took: Duration,
-    waited: Option<Duration>,
+    waited: Waits,
     run: &mut Run,
 ) {
     let ms = took.as_secs_f64() * 1000.0;
@@ -543,12 +570,16 @@ async fn slow_timeline(
         Ok(None) => "no timeline".to_owned(),
         Err(e) => format!("timeline: {e:#}"),
     };
-    let waited = waited.map_or(String::new(), |w| {
-        format!(
-            "; meanwhile evlet's threads waited {:.1} ms in all for a CPU",
-            w.as_secs_f64() * 1000.0
-        )
-    });
+    let ms_of = |d: Option<Duration>| {
+        d.map_or("?".to_owned(), |d| {
+            format!("{:.1}", d.as_secs_f64() * 1000.0)
+        })
+    };
+    let waited = format!(
+        "; meanwhile evlet's threads waited {} ms in all for a CPU, the bench's {} ms",
+        ms_of(waited.agent),
+        ms_of(waited.bench)
+    );
     run.slow
         .push(format!("{what} {name} {ms:.1} ms: {entries}{waited}"));
 }
@@ -598,8 +629,12 @@ fn first_entry(
         .find(|&ns| u128::from(ns) >= from)
 }
 
-/// Waits on `/dev/kmsg` for the kernel's OOM-kill message about `comm`.
-fn kmsg_oom(comm: &'static str) -> Result<tokio::sync::oneshot::Receiver<Instant>> {
+/// Waits on `/dev/kmsg` for the kernel's OOM-kill message about `comm`:
+/// when it came, with the CPU waits of `agent` and the bench at that moment.
+fn kmsg_oom(
+    comm: &'static str,
+    agent: u32,
+) -> Result<tokio::sync::oneshot::Receiver<(Instant, Waits)>> {
     use std::io::{Read as _, Seek as _, SeekFrom};
     let mut kmsg = std::fs::File::open("/dev/kmsg").context("opening /dev/kmsg")?;
     kmsg.seek(SeekFrom::End(0))?;
@@ -612,7 +647,7 @@ fn kmsg_oom(comm: &'static str) -> Result<tokio::sync::oneshot::Receiver<Instant
             if record.contains(comm)
                 && (record.contains("Killed process") || record.contains("oom-kill"))
             {
-                let _ = tx.send(Instant::now());
+                let _ = tx.send((Instant::now(), Waits::now(agent)));
                 return;
             }
         }
@@ -635,7 +670,7 @@ async fn oom(
     let mut from_exit = Vec::new();
     let mut published = Vec::new();
     for k in 0..plan.ooms {
-        let killed = kmsg_oom("memhog")?;
+        let killed = kmsg_oom("memhog", agent.pid)?;
         write_manifest(
             manifests,
             &format!("oom{k}.yaml"),
@@ -652,7 +687,8 @@ async fn oom(
         .await;
         let kernel = tokio::time::timeout(Duration::from_secs(1), killed).await;
         match (seen, kernel) {
-            (Some(seen), Ok(Ok(kernel))) => {
+            (Some(seen), Ok(Ok((kernel, waits)))) => {
+                let waited = waits.since(agent.pid);
                 let took = seen.saturating_duration_since(kernel);
                 lat.push(took);
                 let at = SystemTime::now() - kernel.elapsed();
@@ -663,7 +699,7 @@ async fn oom(
                         published.push(status.duration_since(exit).unwrap_or_default());
                     }
                 }
-                slow_timeline(agent, &name, "OOM kill", at, took, None, run).await;
+                slow_timeline(agent, &name, "OOM kill", at, took, waited, run).await;
             }
             (None, _) => run
                 .errors
