@@ -34,7 +34,22 @@ pub struct Summary {
 impl Summary {
     /// Nearest-rank percentiles; `None` without samples.
     pub fn of(samples: &[Duration]) -> Option<Self> {
-        let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        Self::of_ms(samples.iter().map(|d| d.as_secs_f64() * 1e3).collect())
+    }
+
+    /// The samples of every part together (rounds of one measurement);
+    /// `None` if no part has any.
+    pub fn merged<'a>(parts: impl IntoIterator<Item = &'a Option<Self>>) -> Option<Self> {
+        Self::of_ms(
+            parts
+                .into_iter()
+                .flatten()
+                .flat_map(|s| s.samples_ms.iter().copied())
+                .collect(),
+        )
+    }
+
+    fn of_ms(mut ms: Vec<f64>) -> Option<Self> {
         ms.sort_by(f64::total_cmp);
         let rank = |q: f64| ms[((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
         (!ms.is_empty()).then(|| Self {
@@ -45,6 +60,15 @@ impl Summary {
             samples_ms: ms.clone(),
         })
     }
+}
+
+/// The median (nearest rank, as [`Summary`]'s) of the values present; `None`
+/// if there are none.
+pub fn median(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
+    let mut v: Vec<f64> = values.into_iter().flatten().collect();
+    v.sort_by(f64::total_cmp);
+    let rank = ((v.len() as f64) * 0.5).ceil() as usize;
+    v.get(rank.clamp(1, v.len().max(1)) - 1).copied()
 }
 
 /// CPU time of a process, all threads (live and exited), from `/proc/<pid>/stat`.

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::Summary;
+use crate::{Summary, median};
 
 /// One benchmark invocation.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,8 +43,13 @@ pub struct Results {
 pub struct Floor {
     /// Pods.
     pub pods: usize,
-    /// N pods started straight over CRI, all at once (seconds).
+    /// N pods started straight over CRI, all at once (seconds); the median
+    /// of [`Floor::start_total_rounds_s`] when there were rounds.
     pub start_total_s: f64,
+    /// Each round's start, when this pod count ran in rounds (small counts,
+    /// whose one start is too short to compare alone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub start_total_rounds_s: Vec<f64>,
     /// One container's create + start in an existing sandbox at this density
     /// (runs before `kill_replacement` existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,8 +87,14 @@ pub struct Run {
     /// Pods running during the run.
     pub pods: usize,
     /// Manifests written → the last pod's container started (`StartContainer`
-    /// returned, evlet's log), seconds: the end the floor times.
+    /// returned, evlet's log), seconds: the end the floor times. With rounds,
+    /// this and the other start figures are the rounds' medians.
     pub start_total_s: f64,
+    /// Each round's `start_total_s`, when this pod count ran in rounds (a
+    /// fresh agent and pods each, as the floor's rounds; the idle window and
+    /// the CRI calls are measured in the first only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub start_total_rounds_s: Vec<f64>,
     /// Manifest written → that pod's container started.
     pub start_per_pod: Option<Summary>,
     /// Manifests written → every container running in `/metrics` (seconds,
@@ -152,6 +163,59 @@ pub struct Run {
 
 /// A kill slower than this to the status has its timeline kept ([`Run::slow`]).
 pub const SLOW_MS: f64 = 10.0;
+
+impl Run {
+    /// Rounds of one mode at one pod count as one run: every sample of every
+    /// round; the start figures' medians; the idle figures of the first
+    /// round (the only one with an idle window). `None` without rounds.
+    pub fn merge(rounds: Vec<Self>) -> Option<Self> {
+        if rounds.len() < 2 {
+            return rounds.into_iter().next();
+        }
+        let all = |f: fn(&Self) -> &Option<Summary>| Summary::merged(rounds.iter().map(f));
+        let mid = |f: fn(&Self) -> Option<f64>| median(rounds.iter().map(f));
+        let oom_to_status = all(|r| &r.oom_to_status);
+        let merged = Self {
+            start_total_s: mid(|r| Some(r.start_total_s)).unwrap_or_default(),
+            start_total_rounds_s: rounds.iter().map(|r| r.start_total_s).collect(),
+            start_per_pod: all(|r| &r.start_per_pod),
+            start_running_s: mid(|r| r.start_running_s),
+            start_evlet_cpu_s: mid(|r| r.start_evlet_cpu_s),
+            start_containerd_cpu_s: mid(|r| r.start_containerd_cpu_s),
+            kill_to_event: all(|r| &r.kill_to_event),
+            kill_to_status: all(|r| &r.kill_to_status),
+            kill_to_runtime: all(|r| &r.kill_to_runtime),
+            kill_to_replacement: all(|r| &r.kill_to_replacement),
+            kill_to_started: all(|r| &r.kill_to_started),
+            oom_to_status_ms: oom_to_status.as_ref().map(|s| s.p50_ms),
+            oom_to_status,
+            oom_exit_to_status: all(|r| &r.oom_exit_to_status),
+            oom_exit_to_published: all(|r| &r.oom_exit_to_published),
+            errors: rounds.iter().flat_map(|r| r.errors.clone()).collect(),
+            slow: rounds.iter().flat_map(|r| r.slow.clone()).collect(),
+            ..rounds[0].clone()
+        };
+        Some(merged)
+    }
+}
+
+impl Floor {
+    /// Rounds of the floor at one pod count as one: the starts' median, every
+    /// kill → replacement sample. `None` without rounds.
+    pub fn merge(rounds: Vec<Self>) -> Option<Self> {
+        if rounds.len() < 2 {
+            return rounds.into_iter().next();
+        }
+        let merged = Self {
+            start_total_s: median(rounds.iter().map(|f| Some(f.start_total_s))).unwrap_or_default(),
+            start_total_rounds_s: rounds.iter().map(|f| f.start_total_s).collect(),
+            start_containerd_cpu_s: median(rounds.iter().map(|f| f.start_containerd_cpu_s)),
+            kill_replacement: Summary::merged(rounds.iter().map(|f| &f.kill_replacement)),
+            ..rounds[0].clone()
+        };
+        Some(merged)
+    }
+}
 
 /// CRI status calls against the real runtime with `pods` pods (the PLEG cost model).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -314,6 +378,33 @@ pub fn markdown(results: &Results) -> String {
                 }
             }
             out += "\n";
+        }
+        let rounds = runs
+            .iter()
+            .map(|r| r.start_total_rounds_s.len())
+            .max()
+            .unwrap_or(0);
+        if rounds > 1 {
+            let list = |v: &[f64]| {
+                v.iter()
+                    .map(|s| format!("{s:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let mut starts: Vec<String> = runs
+                .iter()
+                .map(|r| format!("{} {}", r.mode, list(&r.start_total_rounds_s)))
+                .collect();
+            if let Some(f) = results.floors.iter().find(|f| f.pods == pods) {
+                starts.push(format!("floor {}", list(&f.start_total_rounds_s)));
+            }
+            let _ = writeln!(
+                out,
+                "\n{rounds} rounds, each with a fresh agent and fresh pods: the start figures are \
+                 the rounds' medians, the latencies pool every round's samples, the idle \
+                 figures are the first round's. Start all pods per round (s): {}.",
+                starts.join("; ")
+            );
         }
         let errors: Vec<String> = runs
             .iter()
@@ -545,6 +636,44 @@ pub fn chart(results: &Results, path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(start_s: f64, kills_ms: &[u64], rss: f64) -> Run {
+        let kills: Vec<_> = kills_ms
+            .iter()
+            .map(|&ms| std::time::Duration::from_millis(ms))
+            .collect();
+        Run {
+            mode: "ebpf".into(),
+            pods: 10,
+            start_total_s: start_s,
+            evlet_rss_mib: rss,
+            kill_to_status: Summary::of(&kills),
+            errors: vec![format!("round at {start_s}")],
+            ..Run::default()
+        }
+    }
+
+    #[test]
+    fn rounds_merge_into_every_sample_and_the_median_start() {
+        let merged = Run::merge(vec![
+            run(0.9, &[3, 4], 22.0),
+            run(0.7, &[], 30.0),
+            run(0.8, &[9, 2, 5], 31.0),
+        ])
+        .expect("three rounds");
+        assert_eq!(merged.start_total_s, 0.8);
+        assert_eq!(merged.start_total_rounds_s, [0.9, 0.7, 0.8]);
+        let kills = merged.kill_to_status.expect("kills");
+        assert_eq!(kills.samples_ms, [2.0, 3.0, 4.0, 5.0, 9.0]);
+        assert_eq!((kills.n, kills.p50_ms, kills.max_ms), (5, 4.0, 9.0));
+        // The idle figures are the first round's, the only one with a window.
+        assert_eq!(merged.evlet_rss_mib, 22.0);
+        assert_eq!(merged.errors.len(), 3);
+        // One round is left as it was.
+        let one = Run::merge(vec![run(0.9, &[3], 22.0)]).expect("a round");
+        assert!(one.start_total_rounds_s.is_empty());
+        assert!(Run::merge(Vec::new()).is_none());
+    }
 
     #[test]
     fn figures_keep_the_digits_a_target_needs() {

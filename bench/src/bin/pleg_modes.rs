@@ -23,6 +23,11 @@
 //!    SIGKILL → replacement created and started at that density (the floor of
 //!    kill → replacement).
 //!
+//! Small pod counts run in rounds (`--rounds`; 5 at 10 pods): the floor and
+//! every mode again with fresh agents and pods, the samples pooled and the
+//! starts' medians taken, since one 10-pod run gives one start of a second
+//! and five kills of each kind.
+//!
 //! Output: `<out>/<timestamp>.json` (with every sample), `.md` (tables with ratios
 //! against `ebpf`) and `.png`; full runs also refresh `latest.*`.
 //!
@@ -84,6 +89,12 @@ struct Args {
     /// Idle window per run, seconds.
     #[arg(long)]
     idle: Option<u64>,
+    /// Rounds at each pod count, each with the floor and every mode afresh
+    /// (new agents, new pods), pooled into one result: more samples where one
+    /// run gives few. Default: 50 ÷ pods, from 1 to 5 (5 at 10 pods); 1 with
+    /// `--quick`.
+    #[arg(long)]
+    rounds: Option<usize>,
     /// Pods started at once, by evlet (`--max-parallel-pod-starts`) and by the floor.
     #[arg(long, default_value_t = evlet::config::DEFAULT_PARALLEL_POD_STARTS)]
     parallel_pod_starts: usize,
@@ -826,10 +837,13 @@ struct Ctx {
     plan: Plan,
 }
 
+/// One mode at one pod count, in round `round`: only the first round
+/// measures the idle window (and, if `measure_cri`, the CRI calls).
 async fn one(
     ctx: &Ctx,
     mode: &str,
     pods: usize,
+    round: usize,
     measure_cri: bool,
 ) -> Result<(Run, Option<CriCalls>)> {
     let manifests = ctx.args.work.join("manifests");
@@ -838,7 +852,10 @@ async fn one(
         let _ = std::fs::remove_dir_all(d);
         std::fs::create_dir_all(d)?;
     }
-    let log = ctx.args.work.join(format!("evlet-{mode}-{pods}.log"));
+    let log = ctx.args.work.join(match round {
+        0 => format!("evlet-{mode}-{pods}.log"),
+        k => format!("evlet-{mode}-{pods}-round{k}.log"),
+    });
     let spec = AgentSpec {
         binary: ctx.args.evlet.clone(),
         mode: mode.to_owned(),
@@ -869,7 +886,11 @@ async fn one(
             "bench: {mode} with {pods} pods: all running after {:.1}s; idle window",
             run.start_total_s
         );
-        idle(&agent, &ctx.node, ctx.plan, &mut run).await?;
+        if round == 0 {
+            idle(&agent, &ctx.node, ctx.plan, &mut run).await?;
+        } else {
+            tokio::time::sleep(ctx.plan.settle).await;
+        }
         eprintln!("bench: {mode} with {pods} pods: kills");
         let killed = kills(&agent, &ctx.client, pods, ctx.plan, &mut run).await?;
         oom(&agent, &manifests, &ctx.node, ctx.plan, &mut run).await?;
@@ -880,7 +901,7 @@ async fn one(
     let killed =
         measured.with_context(|| format!("{mode} with {pods} pods (log {})", log.display()))?;
     events(&log, &killed, &mut run)?;
-    let cri = if measure_cri {
+    let cri = if measure_cri && round == 0 {
         Some(cri_calls(&ctx.client, pods, ctx.plan.cri_window).await?)
     } else {
         None
@@ -1020,9 +1041,50 @@ fn write(results: &Results, stem: &Path) -> Result<()> {
     report::chart(results, &stem.with_extension("png"))
 }
 
-/// The floor and every mode at one pod count; each finished run goes into
-/// `results` before the next starts.
+/// The floor and every mode at one pod count, in as many rounds as the
+/// count has; each pod count's results go into `results` when done.
 async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<()> {
+    let rounds = if ctx.args.quick {
+        1
+    } else {
+        ctx.args.rounds.unwrap_or((50 / pods.max(1)).clamp(1, 5))
+    };
+    let mut floors = Vec::new();
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); ctx.args.modes.len()];
+    let measured = async {
+        for round in 0..rounds {
+            if rounds > 1 {
+                eprintln!("bench: {pods} pods, round {} of {rounds}", round + 1);
+            }
+            floors.push(floor_round(ctx, pods).await?);
+            for (k, mode) in ctx.args.modes.iter().enumerate() {
+                let (run, cri) = match one(ctx, mode, pods, round, k == 0).await {
+                    Ok(done) => done,
+                    Err(err) => {
+                        eprintln!("bench: cleaning up after the failure");
+                        let _ = cleanup(&ctx.client).await;
+                        return Err(err);
+                    }
+                };
+                results.cri.extend(cri);
+                runs[k].push(run);
+                cleanup(&ctx.client)
+                    .await
+                    .with_context(|| format!("removing the pods of {mode} with {pods} pods"))?;
+                remove_pod_cgroups(ctx).await?;
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    // The rounds done so far count even when a later one failed.
+    results.floors.extend(Floor::merge(floors));
+    results.runs.extend(runs.into_iter().filter_map(Run::merge));
+    measured
+}
+
+/// The runtime's floor with `pods` pods, once.
+async fn floor_round(ctx: &Ctx, pods: usize) -> Result<Floor> {
     eprintln!("bench: the runtime's floor with {pods} pods");
     let floor_root = ctx.args.work.join("floor-root");
     let spec = floor::Spec {
@@ -1042,30 +1104,12 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
         "bench: floor with {pods} pods: all started after {:.1}s",
         measured.start_total.as_secs_f64()
     );
-    results.floors.push(Floor {
+    Ok(Floor {
         pods,
         start_total_s: measured.start_total.as_secs_f64(),
+        start_total_rounds_s: Vec::new(),
         start_containerd_cpu_s: Some(measured.start_containerd_cpu.as_secs_f64()),
         create_start: None,
         kill_replacement: measured.kill_replacement,
-    });
-    for (k, mode) in ctx.args.modes.iter().enumerate() {
-        let (run, cri) = match one(ctx, mode, pods, k == 0).await {
-            Ok(done) => done,
-            Err(err) => {
-                eprintln!("bench: cleaning up after the failure");
-                let _ = cleanup(&ctx.client).await;
-                return Err(err);
-            }
-        };
-        if let Some(c) = cri {
-            results.cri.push(c);
-        }
-        results.runs.push(run);
-        cleanup(&ctx.client)
-            .await
-            .with_context(|| format!("removing the pods of {mode} with {pods} pods"))?;
-        remove_pod_cgroups(ctx).await?;
-    }
-    Ok(())
+    })
 }
