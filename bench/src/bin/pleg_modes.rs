@@ -883,8 +883,9 @@ async fn one(
         )
         .await?;
         eprintln!(
-            "bench: {mode} with {pods} pods: all running after {:.1}s; idle window",
-            run.start_total_s
+            "bench: {mode} with {pods} pods: all running after {:.1}s{}",
+            run.start_total_s,
+            if round == 0 { "; idle window" } else { "" }
         );
         if round == 0 {
             idle(&agent, &ctx.node, ctx.plan, &mut run).await?;
