@@ -134,8 +134,10 @@ pub struct Run {
     /// (its timeline), on kills nothing polls: the floor's measure.
     #[serde(default)]
     pub kill_to_started: Option<Summary>,
-    /// The kernel's OOM-kill message → `OOMKilled` in `/pods/<ns>/<name>`
-    /// (the median of [`Run::oom_to_status`] since it exists).
+    /// The kernel's first OOM message about the hog (`… invoked oom-killer`,
+    /// the head of its report, before it picks and kills the victim) →
+    /// `OOMKilled` in `/pods/<ns>/<name>` (the median of [`Run::oom_to_status`]
+    /// since it exists).
     pub oom_to_status_ms: Option<f64>,
     /// The same over every OOM kill of the run.
     #[serde(default)]

@@ -13,8 +13,8 @@
 //!    and → the pod's replacement container running (`restartPolicy: Always`);
 //!    every other kill is unobserved (nothing polls): kill → the replacement's
 //!    `StartContainer` returned, from evlet's timeline, as the floor times it;
-//! 4. OOM kills (10, one pod each): the kernel's message on `/dev/kmsg` → `OOMKilled`
-//!    in the pod status, and (in `ebpf`) the victim's exit as the kernel recorded it
+//! 4. OOM kills (10, one pod each): the kernel's first OOM message on `/dev/kmsg` (the
+//!    head of its report, `invoked oom-killer`) → `OOMKilled` in the pod status, and (in `ebpf`) the victim's exit as the kernel recorded it
 //!    → `OOMKilled`: the agent's part, without the kernel's teardown of the victim;
 //! 5. once per N, the CRI status calls a relist makes (PodSandboxStatus + ContainerStatus)
 //!    against the N real pods: calls/s and latency, one at a time and 8 in flight;
@@ -640,8 +640,9 @@ fn first_entry(
         .find(|&ns| u128::from(ns) >= from)
 }
 
-/// Waits on `/dev/kmsg` for the kernel's OOM-kill message about `comm`:
-/// when it came, with the CPU waits of `agent` and the bench at that moment.
+/// Waits on `/dev/kmsg` for the kernel's first OOM message about `comm`
+/// (`<comm> invoked oom-killer`, which heads the report the kernel prints
+/// before it picks and kills a victim; or the kill's own line): when it came, with the CPU waits of `agent` and the bench at that moment.
 fn kmsg_oom(
     comm: &'static str,
     agent: u32,
