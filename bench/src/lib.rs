@@ -65,10 +65,7 @@ impl Summary {
 /// The median (nearest rank, as [`Summary`]'s) of the values present; `None`
 /// if there are none.
 pub fn median(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
-    let mut v: Vec<f64> = values.into_iter().flatten().collect();
-    v.sort_by(f64::total_cmp);
-    let rank = ((v.len() as f64) * 0.5).ceil() as usize;
-    v.get(rank.clamp(1, v.len().max(1)) - 1).copied()
+    Summary::of_ms(values.into_iter().flatten().collect()).map(|s| s.p50_ms)
 }
 
 /// CPU time of a process, all threads (live and exited), from `/proc/<pid>/stat`.

@@ -14,8 +14,9 @@
 //!    every other kill is unobserved (nothing polls): kill → the replacement's
 //!    `StartContainer` returned, from evlet's timeline, as the floor times it;
 //! 4. OOM kills (10, one pod each): the kernel's first OOM message on `/dev/kmsg` (the
-//!    head of its report, `invoked oom-killer`) → `OOMKilled` in the pod status, and (in `ebpf`) the victim's exit as the kernel recorded it
-//!    → `OOMKilled`: the agent's part, without the kernel's teardown of the victim;
+//!    head of its report, `invoked oom-killer`) → `OOMKilled` in the pod status, and
+//!    (in `ebpf`) the victim's exit as the kernel recorded it → `OOMKilled`: the
+//!    agent's part, without the kernel's teardown of the victim;
 //! 5. once per N, the CRI status calls a relist makes (PodSandboxStatus + ContainerStatus)
 //!    against the N real pods: calls/s and latency, one at a time and 8 in flight;
 //! 6. once per N, before the agents, the runtime's floor (`evlet_bench::floor`):
@@ -642,7 +643,8 @@ fn first_entry(
 
 /// Waits on `/dev/kmsg` for the kernel's first OOM message about `comm`
 /// (`<comm> invoked oom-killer`, which heads the report the kernel prints
-/// before it picks and kills a victim; or the kill's own line): when it came, with the CPU waits of `agent` and the bench at that moment.
+/// before it picks and kills a victim; or the kill's own line): when it
+/// came, with the CPU waits of `agent` and the bench at that moment.
 fn kmsg_oom(
     comm: &'static str,
     agent: u32,
