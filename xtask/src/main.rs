@@ -2,6 +2,7 @@
 //!
 //! * `setup`: install packages and toolchain pieces (idempotent)
 //! * `node up|down|status [--containerd 1.6|1.7|2.1]`: a private containerd
+//! * `cluster up|down|status|build [--version 1.34|1.37]`: an upstream control plane on loopback
 //! * `images`: build the local OCI images
 //! * `run`: setup, node up, and evlet with the example static pods
 //! * `test`: setup, fmt, clippy, unit tests, privileged node and kernel tests, vm-test
@@ -11,6 +12,7 @@
 
 mod apt;
 mod bench;
+mod cluster;
 mod containerd;
 mod fuzz;
 mod guest;
@@ -48,6 +50,8 @@ enum Task {
         #[arg(long, default_value = "1.6", global = true)]
         containerd: Version,
     },
+    /// Manage the upstream control plane on loopback (built from upstream/v1.X).
+    Cluster(cluster::Options),
     /// Build the local pause and test images (OCI archives under .tools/images).
     Images,
     /// Set up, bring the node up, and run evlet with deploy/examples.
@@ -94,6 +98,7 @@ fn main() -> Result<()> {
                 NodeAction::Status => node.status(),
             }
         }
+        Task::Cluster(options) => cluster::run(&options),
         Task::Images => {
             for (name, path) in image::build_all()? {
                 println!("{name}\t{}", path.display());
