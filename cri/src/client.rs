@@ -330,17 +330,13 @@ impl RuntimeClient {
 
     /// The host PID of a running container's init process (containerd's verbose info).
     pub async fn container_pid(&self, id: &ContainerId) -> Result<Option<u32>, Error> {
-        let info = self.container_info(id).await?;
-        Ok(info.get("info").and_then(|json| {
-            let key = "\"pid\":";
-            let at = json.find(key)? + key.len();
-            json[at..]
-                .trim_start()
-                .split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        }))
+        Ok(info_pid(&self.container_info(id).await?))
+    }
+
+    /// The host PID of a ready sandbox's init (its pause process), from
+    /// `PodSandboxStatus` with `verbose` (`None`: the runtime names none).
+    pub async fn sandbox_pid(&self, id: &SandboxId) -> Result<Option<u32>, Error> {
+        Ok(info_pid(&self.pod_sandbox_status(id, true).await?.info))
     }
 
     /// `UpdateContainerResources` (Linux resources).
@@ -532,5 +528,36 @@ fn image_spec(image: &str) -> api::ImageSpec {
     api::ImageSpec {
         image: image.to_owned(),
         ..Default::default()
+    }
+}
+
+/// The `pid` a runtime's verbose `info` JSON names (containerd and CRI-O put
+/// it at the top of `info["info"]`); 0 (containerd's value once the task
+/// exited) is none.
+fn info_pid(info: &std::collections::HashMap<String, String>) -> Option<u32> {
+    #[derive(serde::Deserialize)]
+    struct Info {
+        pid: Option<u32>,
+    }
+    let info: Info = serde_json::from_str(info.get("info")?).ok()?;
+    info.pid.filter(|pid| *pid > 0)
+}
+
+#[cfg(test)]
+mod info_tests {
+    use super::info_pid;
+
+    #[test]
+    fn the_init_pid_is_read_from_the_runtimes_verbose_info() {
+        let info = |json: &str| [("info".to_owned(), json.to_owned())].into();
+        assert_eq!(
+            info_pid(&info(
+                r#"{"sandboxID":"s","pid":4242,"runtimeSpec":{"process":{"args":["sh"]},"linux":{"namespaces":[{"type":"pid"}],"resources":{"pids":{"limit":5}}}}}"#
+            )),
+            Some(4242)
+        );
+        assert_eq!(info_pid(&info(r#"{"pid":0}"#)), None, "an exited task");
+        assert_eq!(info_pid(&info("not json")), None);
+        assert_eq!(info_pid(&Default::default()), None);
     }
 }

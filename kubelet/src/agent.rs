@@ -29,6 +29,7 @@ use crate::machine::Machine;
 use crate::metrics::Metrics;
 use crate::pleg::ebpf::EbpfSource;
 use crate::pleg::hints::Hints;
+use crate::pleg::process::ProcFs;
 use crate::pleg::relist::{CHANNEL_CAPACITY, Relister};
 use crate::pleg::{
     Health, PodLifecycleEvent, RELIST_THRESHOLD, cri_events, generic, hinted, restarts,
@@ -495,6 +496,12 @@ async fn start_pleg(
         Arc::clone(metrics),
         Arc::clone(&health),
         Arc::clone(diagnostics),
+    )
+    .with_kernel(
+        ebpf.as_ref().map(|source| {
+            Arc::new(source.binder(Arc::new(ProcFs))) as Arc<dyn crate::pleg::relist::Inits>
+        }),
+        Arc::new(ProcFs),
     );
     match &hints {
         None => {

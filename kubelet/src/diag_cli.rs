@@ -541,6 +541,10 @@ fn pleg_text(v: &PlegView, rates: Option<&BTreeMap<String, f64>>) -> String {
     row("discarded events", v.discarded_events.to_string());
     row("runtime disagreements", map(&v.runtime_disagreements));
     row("runtime exits lost", v.runtime_exit_lost.to_string());
+    row(
+        "unconfirmed exits given up",
+        v.expectations_abandoned.to_string(),
+    );
     row("awaiting the runtime", format!("{} pods", v.expectations));
     row("full relists", map(&v.full_relists));
     let mut pods: Vec<(&String, &u64)> = v.pod_relists.iter().collect();

@@ -70,7 +70,8 @@ const AGENT_TESTS: &[&str] = &[
 ];
 
 /// The agent guest's suite: [`AGENT_TESTS`] in `ebpf` mode with `generic` as
-/// the control, then the OOM kill modes and the pods' cgroup tree on pure v2.
+/// the control, then the OOM kill modes, the pods' cgroup tree and the
+/// nested PID namespaces and cgroups of `node_truth` on pure v2.
 /// Each hinted-mode test ends by asserting that a full relist found no change
 /// the kernel's hints missed.
 const SUITES: &[Suite] = &[
@@ -93,10 +94,15 @@ const SUITES: &[Suite] = &[
         filters: &[],
         modes: &["ebpf"],
     },
+    Suite {
+        test: "node_truth",
+        filters: &[],
+        modes: &["ebpf"],
+    },
 ];
 
-/// The systemd guest's suite, with the systemd cgroup driver: [`AGENT_TESTS`]
-/// and the pods' cgroup tree, in `ebpf` mode.
+/// The systemd guest's suite, with the systemd cgroup driver: [`AGENT_TESTS`],
+/// the pods' cgroup tree and `node_truth`, in `ebpf` mode.
 const SYSTEMD_SUITES: &[Suite] = &[
     Suite {
         test: "node_agent",
@@ -105,6 +111,11 @@ const SYSTEMD_SUITES: &[Suite] = &[
     },
     Suite {
         test: "node_cgroups",
+        filters: &[],
+        modes: &["ebpf"],
+    },
+    Suite {
+        test: "node_truth",
         filters: &[],
         modes: &["ebpf"],
     },

@@ -203,6 +203,18 @@ impl FakeRuntime {
         lock(&self.shared.state).take_deaths()
     }
 
+    /// The start of live init process `pid` (see [`State::live`]): the
+    /// fake's `/proc`.
+    pub fn live(&self, pid: u32) -> Option<u64> {
+        lock(&self.shared.state).live(pid)
+    }
+
+    /// Verbose statuses name no init process from now on (a runtime that
+    /// does not report it): the kernel side can only presume inits.
+    pub fn hide_pids(&self, hide: bool) {
+        lock(&self.shared.state).hide_pids = hide;
+    }
+
     /// A snapshot of the in-memory model.
     pub fn snapshot(&self) -> State {
         lock(&self.shared.state).clone()

@@ -113,10 +113,21 @@ impl RuntimeService for FakeRuntime {
         req: Request<api::PodSandboxStatusRequest>,
     ) -> Reply<api::PodSandboxStatusResponse> {
         self.serve("PodSandboxStatus", req, |req| {
-            let status = lock(&self.shared.state).sandbox_status(&req.pod_sandbox_id)?;
+            let state = lock(&self.shared.state);
+            let status = state.sandbox_status(&req.pod_sandbox_id)?;
+            let init = state
+                .sandboxes
+                .get(&req.pod_sandbox_id)
+                .and_then(|s| s.init);
+            let info = if req.verbose {
+                state.info(init)
+            } else {
+                Default::default()
+            };
+            drop(state);
             Ok(api::PodSandboxStatusResponse {
                 status: Some(status),
-                info: Default::default(),
+                info,
                 containers_statuses: vec![],
                 timestamp: now_ns(),
             })
@@ -198,10 +209,21 @@ impl RuntimeService for FakeRuntime {
         req: Request<api::ContainerStatusRequest>,
     ) -> Reply<api::ContainerStatusResponse> {
         self.serve("ContainerStatus", req, |req| {
-            let status = lock(&self.shared.state).container_status(&req.container_id)?;
+            let state = lock(&self.shared.state);
+            let status = state.container_status(&req.container_id)?;
+            let init = state
+                .containers
+                .get(&req.container_id)
+                .and_then(|c| c.init.filter(|_| c.dying.is_none()));
+            let info = if req.verbose {
+                state.info(init)
+            } else {
+                Default::default()
+            };
+            drop(state);
             Ok(api::ContainerStatusResponse {
                 status: Some(status),
-                info: Default::default(),
+                info,
             })
         })
         .await

@@ -29,6 +29,8 @@ pub struct Sandbox {
     pub created_at: i64,
     /// The pod IP.
     pub ip: String,
+    /// Its init (pause) process while ready.
+    pub init: Option<FakeProcess>,
 }
 
 /// A container in the model.
@@ -57,6 +59,18 @@ pub struct Container {
     /// The process died (ns) with this code and reason, and the runtime has
     /// not processed the exit yet (see [`State::exit_lag_ns`]).
     pub dying: Option<(i64, i32, String)>,
+    /// Its init process, from its start until it dies.
+    pub init: Option<FakeProcess>,
+}
+
+/// A container's (or sandbox's) init process in the model: what a real
+/// runtime reports as the task's `pid`, and the start `/proc` would show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FakeProcess {
+    /// The PID.
+    pub pid: u32,
+    /// Its start, clock ticks since boot.
+    pub start_ticks: u64,
 }
 
 /// A container's init process died: what the kernel knows at once, before the
@@ -73,6 +87,8 @@ pub struct ProcessExit {
     pub reason: String,
     /// When it died (wall-clock ns).
     pub at_ns: i64,
+    /// The process that died.
+    pub process: FakeProcess,
 }
 
 /// The whole model.
@@ -102,6 +118,10 @@ pub struct State {
     /// `SystemdCgroup = true`); else cgroupfs.
     pub systemd_cgroup: bool,
     next_id: u64,
+    /// The next init process's PID (and, in ticks, its start).
+    next_pid: u32,
+    /// Verbose statuses name no init (a runtime without that information).
+    pub hide_pids: bool,
 }
 
 fn event(
@@ -272,6 +292,7 @@ impl State {
             (self.next_id >> 8) & 0xff,
             self.next_id & 0xff
         );
+        let init = Some(self.new_process());
         self.sandboxes.insert(
             id.clone(),
             Sandbox {
@@ -280,9 +301,39 @@ impl State {
                 state: PodSandboxState::SandboxReady,
                 created_at: now_ns(),
                 ip,
+                init,
             },
         );
         Ok(id)
+    }
+
+    /// A new init process: PIDs count up from 100000, each starting one
+    /// tick after the last.
+    fn new_process(&mut self) -> FakeProcess {
+        self.next_pid += 1;
+        FakeProcess {
+            pid: 100_000 + self.next_pid,
+            start_ticks: 1_000 + u64::from(self.next_pid),
+        }
+    }
+
+    /// The start of live process `pid` (a ready sandbox's or a running
+    /// container's init that has not died), as `/proc` would show it.
+    pub fn live(&self, pid: u32) -> Option<u64> {
+        self.containers
+            .values()
+            .filter(|c| c.dying.is_none())
+            .filter_map(|c| c.init)
+            .chain(self.sandboxes.values().filter_map(|s| s.init))
+            .find(|p| p.pid == pid)
+            .map(|p| p.start_ticks)
+    }
+
+    /// The runtime's verbose `info` for a container or sandbox: its init's
+    /// `pid` in containerd's JSON shape (0 once it exited, as containerd).
+    pub fn info(&self, init: Option<FakeProcess>) -> std::collections::HashMap<String, String> {
+        let pid = init.filter(|_| !self.hide_pids).map_or(0, |p| p.pid);
+        [("info".to_owned(), format!("{{\"pid\":{pid}}}"))].into()
     }
 
     fn sandbox(&self, id: &str) -> Result<&Sandbox, Status> {
@@ -319,6 +370,7 @@ impl State {
         }
         if let Some(s) = self.sandboxes.get_mut(id) {
             s.state = PodSandboxState::SandboxNotready;
+            s.init = None;
         }
         Ok(events)
     }
@@ -436,6 +488,7 @@ impl State {
             reason: String::new(),
             script,
             dying: None,
+            init: None,
         };
         let ev = event(
             ContainerEventType::ContainerCreatedEvent,
@@ -460,6 +513,10 @@ impl State {
         c.state = ContainerState::ContainerRunning;
         c.started_at = now_ns();
         let c = c.clone();
+        let init = self.new_process();
+        if let Some(c) = self.containers.get_mut(id) {
+            c.init = Some(init);
+        }
         Ok(vec![event(
             ContainerEventType::ContainerStartedEvent,
             &c,
@@ -488,6 +545,10 @@ impl State {
             exit_code,
             reason: reason.to_owned(),
             at_ns: now,
+            process: c.init.unwrap_or(FakeProcess {
+                pid: 0,
+                start_ticks: 0,
+            }),
         });
         c.dying = Some((now, exit_code, reason.to_owned()));
         if lag > 0 {
@@ -501,6 +562,7 @@ impl State {
         let reported = self.reported_exit_code;
         let c = self.containers.get_mut(id)?;
         let (at, exit_code, reason) = c.dying.take()?;
+        c.init = None;
         c.state = ContainerState::ContainerExited;
         c.finished_at = at;
         c.exit_code = reported.unwrap_or(exit_code);

@@ -115,6 +115,11 @@ pub struct ProcEvent {
     pub aux: u32,
     /// FORK: the child's TGID. Otherwise 0.
     pub aux2: u32,
+    /// EXIT, EXEC: the thread group leader's `start_boottime` (ns since boot,
+    /// suspend included): with the TGID, the process's identity (a reused PID
+    /// has another start). `/proc/<pid>/stat` field 22 is this in clock ticks.
+    /// Otherwise 0.
+    pub start_ns: u64,
     /// `current->comm`.
     pub comm: [u8; COMM_LEN],
 }
@@ -213,7 +218,7 @@ impl Default for WatchPrefix {
 
 // No implicit padding: sizes are the sums of the fields.
 const _: () = assert!(core::mem::size_of::<Header>() == 32);
-const _: () = assert!(core::mem::size_of::<ProcEvent>() == 32 + 8 + COMM_LEN);
+const _: () = assert!(core::mem::size_of::<ProcEvent>() == 32 + 8 + 8 + COMM_LEN);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + 8 + PATH_LEN);
 const _: () = assert!(core::mem::size_of::<OomEvent>() == 32 + 6 * 8 + 8 + COMM_LEN);
 const _: () = assert!(core::mem::size_of::<WatchPrefix>() == 8 + PREFIX_LEN);

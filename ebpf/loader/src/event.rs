@@ -28,6 +28,9 @@ pub struct Exit {
     pub ns_init: bool,
     /// The process lived in a PID namespace other than the initial one.
     pub pid_ns: bool,
+    /// The process's start (`start_boottime`, ns since boot; 0 for a thread
+    /// exit): with the TGID, which process this was.
+    pub start_ns: u64,
     /// Command name.
     pub comm: String,
 }
@@ -115,6 +118,8 @@ pub enum Event {
         ns_init: bool,
         /// The process lives in a PID namespace other than the initial one.
         pid_ns: bool,
+        /// The process's start (`start_boottime`, ns since boot).
+        start_ns: u64,
         /// Command name after exec.
         comm: String,
     },
@@ -186,6 +191,7 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                     wait_status: p.aux,
                     ns_init: p.header.flags & flag::NS_INIT != 0,
                     pid_ns: p.header.flags & flag::PID_NS != 0,
+                    start_ns: p.start_ns,
                     comm: text(&p.comm),
                 }),
                 kind::THREAD_EXIT => Event::ThreadExit(Exit {
@@ -193,6 +199,7 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                     wait_status: p.aux,
                     ns_init: false,
                     pid_ns: false,
+                    start_ns: 0,
                     comm: text(&p.comm),
                 }),
                 kind::EXEC => Event::Exec {
@@ -200,6 +207,7 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
                     old_pid: p.aux,
                     ns_init: p.header.flags & flag::NS_INIT != 0,
                     pid_ns: p.header.flags & flag::PID_NS != 0,
+                    start_ns: p.start_ns,
                     comm: text(&p.comm),
                 },
                 _ => Event::Fork {

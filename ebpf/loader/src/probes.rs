@@ -140,6 +140,10 @@ impl Offsets {
             ),
             ("TASK_PID_OFF", btf.member_offset("task_struct", "pid")?),
             ("TASK_TGID_OFF", btf.member_offset("task_struct", "tgid")?),
+            (
+                "TASK_START_BOOTTIME_OFF",
+                btf.member_offset("task_struct", "start_boottime")?,
+            ),
             // atomic_t live: its `counter` is at offset 0 of the atomic_t.
             (
                 "SIGNAL_LIVE_OFF",

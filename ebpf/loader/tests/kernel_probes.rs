@@ -235,11 +235,32 @@ async fn exit_code_is_reported(mode: AttachMode, expect: AttachKind) {
         (pid, id, Some(3))
     );
     assert!(exit.origin.watched);
+    let exec_start = events.iter().find_map(|e| match e {
+        Event::Exec {
+            origin, start_ns, ..
+        } if origin.tgid == pid => Some(*start_ns),
+        _ => None,
+    });
     assert!(
-        events
-            .iter()
-            .any(|e| matches!(e, Event::Exec { origin, .. } if origin.tgid == pid)),
+        exec_start.is_some(),
         "the helper's exec was seen too: {events:#?}"
+    );
+    assert_eq!(
+        exec_start,
+        Some(exit.start_ns),
+        "exec and exit name the same process start"
+    );
+    let mut boot = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `boot` is a valid out-pointer; CLOCK_BOOTTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut boot) };
+    let boot_ns = boot.tv_sec as u64 * 1_000_000_000 + boot.tv_nsec as u64;
+    assert!(
+        exit.start_ns > 0 && exit.start_ns <= boot_ns && boot_ns - exit.start_ns < 60_000_000_000,
+        "the start is the process's start_boottime: {} (now {boot_ns})",
+        exit.start_ns
     );
     assert_eq!(reader.lost().expect("lost counter"), 0);
 }

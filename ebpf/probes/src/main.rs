@@ -69,6 +69,8 @@ static UPID_NR_OFF: Global<u32> = Global::new(0);
 static UPID_SIZE: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static TASK_TGID_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_START_BOOTTIME_OFF: Global<u32> = Global::new(0);
 
 // Classic tracepoint field offsets from tracefs `format` files (0: field absent).
 #[unsafe(no_mangle)]
@@ -189,7 +191,15 @@ fn group_wait_status(task: u64, signal: u64) -> u32 {
     read_kernel(leader, TASK_EXIT_CODE_OFF.load()).unwrap_or(0)
 }
 
-fn send_proc(kind: u32, flags: u32, cgroup_id: u64, aux: u32, aux2: u32) {
+/// The `start_boottime` of `task`'s thread group leader: with the TGID, the
+/// process's identity.
+#[inline(always)]
+fn group_start_ns(task: u64) -> u64 {
+    let leader: u64 = read_kernel(task, TASK_GROUP_LEADER_OFF.load()).unwrap_or(0);
+    read_kernel(leader, TASK_START_BOOTTIME_OFF.load()).unwrap_or(0)
+}
+
+fn send_proc(kind: u32, flags: u32, cgroup_id: u64, aux: u32, aux2: u32, start_ns: u64) {
     let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
         count_lost();
         return;
@@ -198,6 +208,7 @@ fn send_proc(kind: u32, flags: u32, cgroup_id: u64, aux: u32, aux2: u32) {
         header: header(kind, flags, cgroup_id),
         aux,
         aux2,
+        start_ns,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     });
     entry.submit(0);
@@ -246,17 +257,18 @@ fn on_exit() {
     if !group_dead && CONFIG_FLAGS.load() & config::EMIT_THREAD_EXITS == 0 {
         return;
     }
-    let (kind, status, flags) = if group_dead {
+    let (kind, status, flags, start) = if group_dead {
         (
             kind::EXIT,
             group_wait_status(task, signal),
             pid_ns_flags(task),
+            group_start_ns(task),
         )
     } else {
         let code: u32 = read_kernel(task, TASK_EXIT_CODE_OFF.load()).unwrap_or(0);
-        (kind::THREAD_EXIT, code, 0)
+        (kind::THREAD_EXIT, code, 0, 0)
     };
-    send_proc(kind, flag::WATCHED | flags, cgroup_id, status, 0);
+    send_proc(kind, flag::WATCHED | flags, cgroup_id, status, 0, start);
 }
 
 fn on_exec(old_pid: u32) {
@@ -274,7 +286,14 @@ fn on_exec(old_pid: u32) {
             0
         }
         | pid_ns_flags(task);
-    send_proc(kind::EXEC, flags, cgroup_id, old_pid, 0);
+    send_proc(
+        kind::EXEC,
+        flags,
+        cgroup_id,
+        old_pid,
+        0,
+        group_start_ns(task),
+    );
 }
 
 fn on_newtask(child_pid: u32, child_tgid: u32, clone_flags: u64) {
@@ -291,7 +310,7 @@ fn on_newtask(child_pid: u32, child_tgid: u32, clone_flags: u64) {
         } else {
             0
         };
-    send_proc(kind::FORK, flags, cgroup_id, child_pid, child_tgid);
+    send_proc(kind::FORK, flags, cgroup_id, child_pid, child_tgid, 0);
 }
 
 #[raw_tracepoint(tracepoint = "sched_process_exit")]

@@ -323,8 +323,11 @@ pub struct Metrics {
     pub pleg_expectation_wait: Histogram,
     /// Pods with a kernel-reported exit the runtime has not shown yet.
     pub pleg_expectations: IntGauge,
-    /// Fields (`field`) where the runtime's report of an exit disagreed with the kernel's.
+    /// Fields (`field`) where the runtime's report of an exit disagreed with
+    /// the kernel's; `running`: the kernel's reported init still lived.
     pub pleg_runtime_disagreements: IntCounterVec,
+    /// Kernel-reported exits the runtime never showed, given up on.
+    pub pleg_expectations_abandoned: IntCounter,
     /// Containers the kernel saw exit that the runtime still showed running
     /// 10 s later.
     pub runtime_exit_lost: IntCounter,
@@ -545,6 +548,10 @@ impl Metrics {
                 "evlet_pleg_runtime_disagreements_total",
                 "Fields where the runtime's report of an exit disagreed with the kernel's",
                 &["field"],
+            ),
+            pleg_expectations_abandoned: c.counter(
+                "evlet_pleg_expectations_abandoned_total",
+                "Kernel-reported exits the runtime never showed, no longer waited for",
             ),
             runtime_exit_lost: c.counter(
                 "evlet_runtime_exit_lost_total",

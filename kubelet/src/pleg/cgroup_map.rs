@@ -3,13 +3,24 @@
 //! says a container stopped).
 //!
 //! Paths are parsed from cgroupfs (`.../pod<uid>/<id>`) and systemd
-//! (`...-pod<uid>.slice/cri-containerd-<id>.scope`) layouts. The init is the
-//! first process that exec'd in the container's cgroup, or, for containers
-//! found by the start-up scan, the process that is PID 1 of its namespace.
+//! (`...-pod<uid>.slice/cri-containerd-<id>.scope`) layouts. A cgroup below a
+//! container's own (Docker-in-Docker, a kind node, systemd or a runtime in a
+//! container) is *nested*: it belongs to that container, but nothing in it is
+//! taken for the container's init, and its removal says nothing.
+//!
+//! **Which process is the init is the runtime's word** ([`CgroupMap::bind`]:
+//! the PID the runtime reports for the running container, with its start,
+//! read once when a relist first shows it running). Only the exit of that very
+//! process is the container's certain end. Until the runtime has named it, the
+//! first process that exec'd in a PID namespace other than the initial one, at
+//! the container cgroup's own depth, is *presumed* to be the init: its exit is
+//! a hint the runtime decides. A presumption is never upgraded by a later
+//! process, whatever PID namespace it heads (unshare, bwrap, a sandbox).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use super::process::Process;
 use crate::pod::PodUid;
 
 /// What a cgroup belongs to.
@@ -19,18 +30,30 @@ pub struct Owner {
     pub uid: PodUid,
     /// The container (or sandbox) ID; `None` for the pod's own cgroup.
     pub container: Option<String>,
-    /// The container's init process (TGID), once known.
-    pub init: Option<u32>,
-    /// The init is certain: PID 1 of its own PID namespace (not merely the
-    /// first process that exec'd in the cgroup).
-    pub init_exact: bool,
+    /// The cgroup is below the container's own (made inside the container).
+    pub nested: bool,
+    /// The presumed init (TGID): the first process that exec'd here in a PID
+    /// namespace other than the initial one (own depth only).
+    pub presumed: Option<u32>,
     /// The cgroup's path (relative to the cgroup2 mount; the same in every
     /// hierarchy with the cgroupfs driver).
     pub path: String,
 }
 
-/// Parses a cgroup path into pod UID and container ID (cgroupfs or systemd layout).
-pub fn parse_path(path: &str) -> Option<(PodUid, Option<String>)> {
+/// Where a cgroup path lies in the pods' tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The pod.
+    pub uid: PodUid,
+    /// The container (or sandbox) ID; `None` for the pod's own cgroup.
+    pub container: Option<String>,
+    /// Deeper than the container's own cgroup.
+    pub nested: bool,
+}
+
+/// Parses a cgroup path into pod UID and container ID (cgroupfs or systemd
+/// layout), and whether it lies below the container's own cgroup.
+pub fn parse_path(path: &str) -> Option<Place> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let (i, uid) =
         (1..parts.len()).find_map(|i| pod_segment(&parts[..i], parts[i]).map(|u| (i, u)))?;
@@ -38,7 +61,11 @@ pub fn parse_path(path: &str) -> Option<(PodUid, Option<String>)> {
         let c = c.strip_suffix(".scope").unwrap_or(c);
         c.rsplit_once('-').map_or(c, |(_, id)| id).to_owned()
     });
-    Some((PodUid(uid), container))
+    Some(Place {
+        uid: PodUid(uid),
+        container,
+        nested: parts.len() > i + 2,
+    })
 }
 
 /// The UID of the pod whose cgroup `segment` is, below the path `above`
@@ -74,7 +101,7 @@ pub enum ExitHint {
         uid: PodUid,
         /// The container (or sandbox) ID.
         container: String,
-        /// Certain (the init is its PID namespace's PID 1): the kernel's
+        /// Certain (the process the runtime named as the init): the kernel's
         /// record may go into the status before the runtime confirms it.
         exact: bool,
     },
@@ -83,32 +110,46 @@ pub enum ExitHint {
     BeforeInit(PodUid),
 }
 
-/// cgroup v2 ID → owner.
+/// cgroup v2 ID → owner, and container ID → its init as the runtime names it.
 #[derive(Debug, Default)]
 pub struct CgroupMap {
     by_id: HashMap<u64, Owner>,
+    /// The runtime's init of each container (or sandbox) it showed running;
+    /// `None`: the runtime named none that lives (the presumption stands).
+    inits: HashMap<String, Option<Process>>,
 }
 
 impl CgroupMap {
     /// Records a cgroup at `path` (relative to the cgroup2 mount).
     pub fn insert(&mut self, id: u64, path: &str) -> Option<&Owner> {
-        let (uid, container) = parse_path(path)?;
+        let Place {
+            uid,
+            container,
+            nested,
+        } = parse_path(path)?;
         self.by_id.insert(
             id,
             Owner {
                 uid,
                 container,
-                init: None,
-                init_exact: false,
+                nested,
+                presumed: None,
                 path: path.to_owned(),
             },
         );
         self.by_id.get(&id)
     }
 
-    /// Forgets a cgroup.
+    /// Forgets a cgroup; the runtime's init of a container whose own cgroup
+    /// it was goes with it.
     pub fn remove(&mut self, id: u64) -> Option<Owner> {
-        self.by_id.remove(&id)
+        let owner = self.by_id.remove(&id)?;
+        if !owner.nested
+            && let Some(container) = &owner.container
+        {
+            self.inits.remove(container);
+        }
+        Some(owner)
     }
 
     /// The owner of a cgroup.
@@ -116,46 +157,87 @@ impl CgroupMap {
         self.by_id.get(&id)
     }
 
-    /// Notes an exec in a container cgroup: the first PID-namespace init to
-    /// exec is the container's init for certain; until one does, the first
-    /// process inside a (non-initial) PID namespace to exec is presumed to be
-    /// (containers sharing the pod's PID namespace have no init of their own).
-    /// Processes of the initial PID namespace (runc's set-up stages, hostPID
-    /// containers) are never taken for an init.
-    pub fn exec(&mut self, id: u64, tgid: u32, pid_ns: bool, ns_init: bool) {
+    /// Notes an exec in cgroup `id`: until the runtime names the init, the
+    /// first process to exec in a (non-initial) PID namespace at a container
+    /// cgroup's own depth is presumed to be its init. Processes of the
+    /// initial PID namespace (runc's set-up stages, hostPID containers) are
+    /// never presumed, and a presumption is never replaced.
+    pub fn exec(&mut self, id: u64, tgid: u32, pid_ns: bool) {
         if let Some(o) = self.by_id.get_mut(&id)
             && o.container.is_some()
-            && !o.init_exact
+            && !o.nested
+            && o.presumed.is_none()
             && pid_ns
-            && (o.init.is_none() || ns_init)
         {
-            o.init = Some(tgid);
-            o.init_exact = ns_init;
+            o.presumed = Some(tgid);
         }
     }
 
-    /// What a process exit in cgroup `id` means (invariant 9): the init of a
-    /// container died (`exact` if it was the container's PID-namespace init and
-    /// exits as one), a process of a container whose init is not known yet
-    /// exited (runc's set-up stages do, before the entrypoint's exec), or
-    /// nothing (`None`: noise, or not a container's cgroup).
-    pub fn exit_hint(&self, id: u64, tgid: u32, ns_init: bool) -> Option<ExitHint> {
+    /// Has the runtime not yet been asked for container `id`'s init?
+    pub fn wants(&self, container: &str) -> bool {
+        !self.inits.contains_key(container)
+    }
+
+    /// The runtime says `init` is container `container`'s init process
+    /// (`None`: it named none that lives). The first word stands: a container
+    /// has one init for its life.
+    pub fn bind(&mut self, container: &str, init: Option<Process>) {
+        self.inits.entry(container.to_owned()).or_insert(init);
+    }
+
+    /// The runtime's init of `container`, if it named one.
+    pub fn bound(&self, container: &str) -> Option<Process> {
+        self.inits.get(container).copied().flatten()
+    }
+
+    /// Forgets the inits of containers not in `present` (they are gone).
+    pub fn retain_inits(&mut self, present: &HashSet<&str>) {
+        self.inits.retain(|id, _| present.contains(id.as_str()));
+    }
+
+    /// What the exit of `process` in cgroup `id` means (invariant 9): the
+    /// container's init died (`exact` if it is the process the runtime named),
+    /// a process of a container whose init is not known yet exited (runc's
+    /// set-up stages do, before the entrypoint's exec), or nothing (`None`:
+    /// noise, a nested cgroup, or not a container's cgroup).
+    pub fn exit_hint(&self, id: u64, process: Process) -> Option<ExitHint> {
         let o = self.by_id.get(&id)?;
         let container = o.container.as_ref()?;
-        match o.init {
-            Some(init) if init == tgid => Some(ExitHint::Init {
-                uid: o.uid.clone(),
-                container: container.clone(),
-                exact: o.init_exact && ns_init,
-            }),
+        let init = |exact| ExitHint::Init {
+            uid: o.uid.clone(),
+            container: container.clone(),
+            exact,
+        };
+        if let Some(bound) = self.bound(container) {
+            // The runtime's init, wherever it moved (a nested cgroup too).
+            return (bound == process).then(|| init(true));
+        }
+        if o.nested {
+            return None;
+        }
+        match o.presumed {
+            Some(presumed) if presumed == process.pid => Some(init(false)),
             Some(_) => None,
             None => Some(ExitHint::BeforeInit(o.uid.clone())),
         }
     }
+
+    /// Is `tgid` the init of the container that owns cgroup `id` (the
+    /// runtime's, else the presumed one)? `None` when no init is known.
+    pub fn is_init(&self, id: u64, tgid: u32) -> Option<bool> {
+        let o = self.by_id.get(&id)?;
+        let container = o.container.as_ref()?;
+        match self.bound(container) {
+            Some(bound) => Some(bound.pid == tgid),
+            None => o.presumed.map(|p| p == tgid),
+        }
+    }
 }
 
-/// The PID-1-of-its-namespace process in a cgroup (a container's init); of
-/// several (a nested PID namespace inside the container), the shallowest.
+/// The PID-1-of-its-namespace process in a container's own cgroup: the
+/// presumed init of a container found by a scan (the runtime names the
+/// real one at the next relist). Of several (a nested PID namespace inside
+/// the container), the shallowest.
 pub fn namespace_init(dir: &Path) -> Option<u32> {
     let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
     procs
@@ -179,40 +261,48 @@ pub fn namespace_init(dir: &Path) -> Option<u32> {
 mod tests {
     use super::*;
 
+    fn place(uid: &str, container: Option<&str>, nested: bool) -> Option<Place> {
+        Some(Place {
+            uid: PodUid::from(uid),
+            container: container.map(str::to_owned),
+            nested,
+        })
+    }
+
     #[test]
     fn cgroupfs_and_systemd_paths_name_pod_and_container() {
         assert_eq!(
             parse_path("/kubepods/burstable/pod1234-ab/c0ffee"),
-            Some((PodUid::from("1234-ab"), Some("c0ffee".into())))
+            place("1234-ab", Some("c0ffee"), false)
         );
         assert_eq!(
             parse_path("/evlet-node-16/kubepods/podu1"),
-            Some((PodUid::from("u1"), None))
+            place("u1", None, false)
         );
         assert_eq!(
             parse_path(
                 "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice/cri-containerd-abc.scope"
             ),
-            Some((PodUid::from("12-34"), Some("abc".into())))
+            place("12-34", Some("abc"), false)
         );
         assert_eq!(parse_path("/kubepods/burstable"), None);
         // A UID with `-pod` in it (the mock API server's; a static pod's
         // own `metadata.uid` can be any string) is taken whole.
         assert_eq!(
             parse_path("/e2e1-0/kubepods/besteffort/pod0b80-0003-mock-pods/c1"),
-            Some((PodUid::from("0b80-0003-mock-pods"), Some("c1".into())))
+            place("0b80-0003-mock-pods", Some("c1"), false)
         );
         assert_eq!(
             parse_path(
                 "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b80_0003_mock_pods.slice/cri-containerd-c1.scope"
             ),
-            Some((PodUid::from("0b80-0003-mock-pods"), Some("c1".into())))
+            place("0b80-0003-mock-pods", Some("c1"), false)
         );
         assert_eq!(
             parse_path(
                 "/evlet_node.slice/evlet_node-kubepods.slice/evlet_node-kubepods-podu1.slice"
             ),
-            Some((PodUid::from("u1"), None))
+            place("u1", None, false)
         );
         // Outside the pods' tree nothing is a pod's cgroup.
         assert_eq!(parse_path("/podman/c1"), None);
@@ -221,63 +311,151 @@ mod tests {
     }
 
     #[test]
-    fn only_the_init_exit_is_a_hint() {
+    fn cgroups_made_inside_a_container_are_nested_at_any_depth() {
+        assert_eq!(
+            parse_path("/kubepods/podu/c1/init"),
+            place("u", Some("c1"), true),
+            "Docker-in-Docker moves its processes to <container>/init"
+        );
+        assert_eq!(
+            parse_path("/kubepods/besteffort/podu/c1/kubelet.slice/kubepods/podv/c2"),
+            place("u", Some("c1"), true),
+            "a kind node's pods belong to the outer container, nested"
+        );
+        assert_eq!(
+            parse_path(
+                "/kubepods.slice/kubepods-podu.slice/cri-containerd-c1.scope/system.slice/x.service"
+            ),
+            place("u", Some("c1"), true),
+            "systemd in a container"
+        );
+    }
+
+    fn p(pid: u32, start: u64) -> Process {
+        Process {
+            pid,
+            start_ticks: start,
+        }
+    }
+
+    fn init(container: &str, exact: bool) -> Option<ExitHint> {
+        Some(ExitHint::Init {
+            uid: PodUid::from("u"),
+            container: container.into(),
+            exact,
+        })
+    }
+
+    #[test]
+    fn before_the_runtime_names_the_init_the_first_namespaced_exec_is_presumed() {
         let mut map = CgroupMap::default();
         map.insert(7, "/kubepods/podu/c1");
         assert_eq!(
-            map.exit_hint(7, 99, false),
+            map.exit_hint(7, p(99, 1)),
             Some(ExitHint::BeforeInit(PodUid::from("u"))),
             "init unknown (runc's set-up stages): a plain hint, not the container's death"
         );
-        map.exec(7, 80, false, false);
+        map.exec(7, 80, false);
         assert_eq!(
-            map.exit_hint(7, 80, false),
+            map.exit_hint(7, p(80, 1)),
             Some(ExitHint::BeforeInit(PodUid::from("u"))),
             "runc's set-up stages (initial PID namespace) are never the init"
         );
-        map.exec(7, 90, true, false);
-        map.exec(7, 100, true, true);
-        map.exec(7, 200, true, false);
-        map.exec(7, 300, true, true);
+        map.exec(7, 90, true);
+        map.exec(7, 100, true);
+        assert_eq!(map.exit_hint(7, p(90, 1)), init("c1", false));
         assert_eq!(
-            map.exit_hint(7, 90, false),
+            map.exit_hint(7, p(100, 1)),
             None,
-            "a presumed init replaced by the real one"
-        );
-        assert_eq!(
-            map.exit_hint(7, 200, false),
-            None,
-            "a later exec's exit is noise"
-        );
-        assert_eq!(
-            map.exit_hint(7, 300, true),
-            None,
-            "a nested PID namespace's init is not the container's"
-        );
-        assert_eq!(
-            map.exit_hint(7, 100, true),
-            Some(ExitHint::Init {
-                uid: PodUid::from("u"),
-                container: "c1".into(),
-                exact: true
-            })
-        );
-        map.insert(9, "/kubepods/podu/shared");
-        map.exec(9, 400, true, false);
-        assert_eq!(
-            map.exit_hint(9, 400, false),
-            Some(ExitHint::Init {
-                uid: PodUid::from("u"),
-                container: "shared".into(),
-                exact: false
-            }),
-            "a shared PID namespace: presumed, for the runtime to confirm"
+            "a later process never replaces the presumption, whatever namespace it heads"
         );
         map.insert(8, "/kubepods/podu");
         assert_eq!(
-            map.exit_hint(8, 1, true),
+            map.exit_hint(8, p(1, 1)),
             None,
             "the pod's own cgroup has no init"
         );
+    }
+
+    #[test]
+    fn only_the_process_the_runtime_named_is_the_certain_init() {
+        let mut map = CgroupMap::default();
+        map.insert(7, "/kubepods/podu/c1");
+        map.exec(7, 100, true);
+        assert!(map.wants("c1"));
+        map.bind("c1", Some(p(100, 500)));
+        assert!(!map.wants("c1"));
+        map.bind("c1", Some(p(300, 900)));
+        assert_eq!(map.bound("c1"), Some(p(100, 500)), "the first word stands");
+        assert_eq!(map.exit_hint(7, p(100, 500)), init("c1", true));
+        assert_eq!(
+            map.exit_hint(7, p(100, 501)),
+            None,
+            "a reused PID is another process"
+        );
+        assert_eq!(
+            map.exit_hint(7, p(300, 900)),
+            None,
+            "a nested PID namespace's init is not the container's"
+        );
+        assert_eq!(map.is_init(7, 100), Some(true));
+        assert_eq!(map.is_init(7, 300), Some(false));
+    }
+
+    #[test]
+    fn a_shared_or_host_pid_namespace_gets_a_certain_init_from_the_runtime() {
+        let mut map = CgroupMap::default();
+        // hostPID: the init execs in the initial PID namespace, so nothing is
+        // presumed; a later `unshare -fp` heads a new PID namespace.
+        map.insert(9, "/kubepods/podu/host");
+        map.exec(9, 400, false);
+        map.exec(9, 401, true);
+        assert_eq!(
+            map.exit_hint(9, p(401, 7)),
+            init("host", false),
+            "before the runtime's word only a presumption, for the runtime to confirm"
+        );
+        map.bind("host", Some(p(400, 6)));
+        assert_eq!(map.exit_hint(9, p(401, 7)), None);
+        assert_eq!(map.exit_hint(9, p(400, 6)), init("host", true));
+    }
+
+    #[test]
+    fn nested_cgroups_never_end_their_container_except_by_its_own_init() {
+        let mut map = CgroupMap::default();
+        map.insert(7, "/kubepods/podu/c1");
+        map.insert(70, "/kubepods/podu/c1/inner");
+        map.exec(70, 500, true);
+        assert_eq!(
+            map.exit_hint(70, p(500, 1)),
+            None,
+            "unbound: nested is noise"
+        );
+        map.bind("c1", Some(p(100, 5)));
+        assert_eq!(map.exit_hint(70, p(500, 1)), None);
+        assert_eq!(
+            map.exit_hint(70, p(100, 5)),
+            init("c1", true),
+            "the runtime's init moved into a nested cgroup (DinD's /init) still ends it"
+        );
+        let nested = map.remove(70).expect("nested owner");
+        assert!(nested.nested);
+        assert_eq!(
+            map.bound("c1"),
+            Some(p(100, 5)),
+            "a nested removal keeps the init"
+        );
+        map.remove(7);
+        assert!(map.wants("c1"), "the container's own removal forgets it");
+    }
+
+    #[test]
+    fn inits_of_gone_containers_are_forgotten() {
+        let mut map = CgroupMap::default();
+        map.bind("a", Some(p(1, 1)));
+        map.bind("b", None);
+        map.retain_inits(&["a"].into());
+        assert!(!map.wants("a"));
+        assert!(map.wants("b"));
     }
 }

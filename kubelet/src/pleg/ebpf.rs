@@ -8,7 +8,6 @@
 //! targeted lookup, then a full relist; a lost ring-buffer record, a reader
 //! restart or a load of the probes triggers a full relist.
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,8 +17,10 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::cgroup_map::{CgroupMap, ExitHint, Owner, namespace_init};
-use super::hints::{ExitRecord, Hints, KernelExit, Reason};
+use super::cgroup_map::{CgroupMap, namespace_init};
+use super::hints::{Hints, Reason};
+use super::kernel::{Binder, KernelView, Meaning};
+use super::process::Processes;
 use crate::cache::PodCache;
 use crate::diagnostics::{Diagnostics, OomRecord};
 use crate::lock::lock;
@@ -200,10 +201,10 @@ impl EbpfSource {
                 if let Err(e) = probes.watch(id) {
                     tracing::warn!(cgroup = %rel, %e, "cannot watch cgroup");
                 }
-                if map.insert(id, &rel).is_some()
+                if map.insert(id, &rel).is_some_and(|o| !o.nested)
                     && let Some(init) = namespace_init(&dir)
                 {
-                    map.exec(id, init, true, true);
+                    map.exec(id, init, true);
                 }
             }
         }
@@ -220,6 +221,12 @@ impl EbpfSource {
         };
         let this = Arc::clone(self);
         tokio::spawn(async move { this.supervise(ctx, cancel).await });
+    }
+
+    /// The relister's way to give the map the runtime's init of each
+    /// container, reading process starts from `processes`.
+    pub fn binder(&self, processes: Arc<dyn Processes>) -> Binder {
+        Binder::new(Arc::clone(&self.map), processes)
     }
 
     /// The reader's quiet proofs, for the dispatcher.
@@ -292,7 +299,7 @@ const LOSS_CHECK: Duration = Duration::from_secs(1);
 /// and every [`LOSS_CHECK`].
 async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
     let mut lost_seen = reader.lost().unwrap_or(0);
-    let mut state = ReaderState::new();
+    let mut state = KernelView::new(Arc::clone(&ctx.map), procfs::ticks_per_second());
     let mut batch = Vec::new();
     let mut tick = crate::clock::Ticks::every(LOSS_CHECK);
     loop {
@@ -340,62 +347,6 @@ async fn read(mut reader: EventReader, ctx: Ctx, cancel: CancellationToken) {
     }
 }
 
-/// How many recent OOM victims the reader remembers until their group exits.
-const OOM_VICTIMS: usize = 1024;
-
-/// What the reader keeps between records.
-#[derive(Debug)]
-struct ReaderState {
-    /// Processes (TGIDs) the kernel's OOM killer chose whose exit has not
-    /// come yet: a victim's OOM record precedes its process's exit record.
-    oom_victims: VecDeque<u32>,
-    /// Wall clock minus CLOCK_MONOTONIC, measured once: the kernel's exit
-    /// times become wall times consistently.
-    wall_offset_ns: i64,
-}
-
-impl ReaderState {
-    fn new() -> Self {
-        let mono = i64::try_from(evlet_ebpf::monotonic_ns()).unwrap_or(0);
-        Self {
-            oom_victims: VecDeque::new(),
-            wall_offset_ns: crate::clock::unix_ns() - mono,
-        }
-    }
-
-    fn oom_victim(&mut self, tgid: u32) {
-        if self.oom_victims.len() == OOM_VICTIMS {
-            self.oom_victims.pop_front();
-        }
-        self.oom_victims.push_back(tgid);
-    }
-
-    /// Was `tgid` an OOM victim? (Forgets it: a TGID is reused later.)
-    fn take_oom(&mut self, tgid: u32) -> bool {
-        match self.oom_victims.iter().position(|t| *t == tgid) {
-            Some(i) => {
-                self.oom_victims.remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// What the kernel says about an exit.
-    fn kernel_exit(&mut self, e: &evlet_ebpf::Exit, exact: bool) -> KernelExit {
-        let oom = self.take_oom(e.origin.tgid);
-        KernelExit {
-            at: e.origin.ktime_ns,
-            record: exact.then(|| ExitRecord {
-                exit_code: e.runtime_exit_code(),
-                finished_unix_ns: i64::try_from(e.origin.ktime_ns).unwrap_or(i64::MAX)
-                    + self.wall_offset_ns,
-                oom,
-            }),
-        }
-    }
-}
-
 /// Finds an unknown cgroup by its ID under the pods' root (rare: a cgroup made
 /// before the probes or while the reader was down).
 fn lookup(ctx: &Ctx, id: u64) -> bool {
@@ -409,98 +360,48 @@ fn lookup(ctx: &Ctx, id: u64) -> bool {
     );
     let _ = lock(&ctx.probes).watch(id);
     let mut map = lock(&ctx.map);
-    map.insert(id, &rel).is_some() && {
-        if let Some(init) = namespace_init(&dir) {
-            map.exec(id, init, true, true);
+    match map.insert(id, &rel) {
+        Some(owner) => {
+            if !owner.nested
+                && let Some(init) = namespace_init(&dir)
+            {
+                map.exec(id, init, true);
+            }
+            true
         }
-        true
+        None => false,
     }
 }
 
-fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
+fn handle(ctx: &Ctx, view: &mut KernelView, event: Event) {
     tracing::trace!(?event, "kernel event");
     match event {
-        Event::CgroupMkdir(c) => {
-            lock(&ctx.map).insert(c.origin.cgroup_id, &c.path);
-        }
+        Event::CgroupMkdir(c) => view.mkdir(c.origin.cgroup_id, &c.path),
         Event::CgroupRmdir(c) => {
-            let owner = lock(&ctx.map).remove(c.origin.cgroup_id);
-            if let Some(Owner {
-                uid,
-                container: Some(container),
-                ..
-            }) = owner
-            {
-                // The cgroup goes at the container's removal: it has stopped
-                // (and its exit, if any, came before).
-                ctx.hints.exit(
-                    uid,
-                    container,
-                    KernelExit {
-                        at: c.origin.ktime_ns,
-                        record: None,
-                    },
-                );
-            }
+            let meaning = view.rmdir(c.origin.cgroup_id, c.origin.ktime_ns);
+            deliver(ctx, meaning);
         }
-        Event::Exec {
-            origin,
-            ns_init,
-            pid_ns,
-            ..
-        } => {
-            let known = lock(&ctx.map).get(origin.cgroup_id).is_some();
-            if !known {
-                lookup(ctx, origin.cgroup_id);
+        Event::Exec { origin, pid_ns, .. } => {
+            if !view.exec(origin.cgroup_id, origin.tgid, pid_ns) && lookup(ctx, origin.cgroup_id) {
+                view.exec(origin.cgroup_id, origin.tgid, pid_ns);
             }
-            lock(&ctx.map).exec(origin.cgroup_id, origin.tgid, pid_ns, ns_init);
         }
         Event::Exit(e) => {
-            let id = e.origin.cgroup_id;
-            if lock(&ctx.map).get(id).is_none() && !lookup(ctx, id) {
+            let mut meaning = view.exit(&e);
+            if meaning == Meaning::Unknown && lookup(ctx, e.origin.cgroup_id) {
+                meaning = view.exit(&e);
+            }
+            if meaning == Meaning::Unknown {
                 ctx.hints.full(
                     Reason::UnknownCgroup,
-                    format!("process exit in cgroup {id}"),
+                    format!("process exit in cgroup {}", e.origin.cgroup_id),
                 );
                 return;
             }
-            let hint = lock(&ctx.map).exit_hint(id, e.origin.tgid, e.ns_init);
-            tracing::debug!(tgid = e.origin.tgid, cgroup = id, ?hint, "process exit");
-            match hint {
-                Some(ExitHint::Init {
-                    uid,
-                    container,
-                    exact,
-                }) => {
-                    let exit = state.kernel_exit(&e, exact);
-                    let what = match &exit.record {
-                        Some(r) => format!(
-                            "init (pid {}) of container {} exited with code {}{}",
-                            e.origin.tgid,
-                            evlet_cri::ids::short(&container),
-                            r.exit_code,
-                            if r.oom {
-                                ", killed by the OOM killer"
-                            } else {
-                                ""
-                            }
-                        ),
-                        None => format!(
-                            "init (pid {}) of container {} exited (not certainly the container's init)",
-                            e.origin.tgid,
-                            evlet_cri::ids::short(&container)
-                        ),
-                    };
-                    ctx.diagnostics
-                        .trace(&uid.0, crate::diagnostics::Source::Kernel, what);
-                    ctx.hints.exit(uid, container, exit);
-                }
-                Some(ExitHint::BeforeInit(uid)) => ctx.hints.pod(uid, Some(e.origin.ktime_ns)),
-                None => {}
-            }
+            deliver(ctx, meaning);
         }
         Event::OomKill(o) => {
-            state.oom_victim(o.origin.tgid);
+            view.oom_victim(o.origin.tgid);
             let owner = lock(&ctx.map).get(o.origin.cgroup_id).cloned();
             let Some(owner) = owner else {
                 if o.origin.watched {
@@ -562,7 +463,7 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
                 shmem_rss_kb: o.rss.map(|r| r.shmem_rss_kb),
                 total_vm_kb: o.rss.map(|r| r.total_vm_kb),
                 oom_score_adj: o.oom_score_adj,
-                victim_is_init: owner.init.map(|init| init == o.origin.tgid),
+                victim_is_init: lock(&ctx.map).is_init(o.origin.cgroup_id, o.origin.tgid),
                 memcg_limit_bytes: hit.as_ref().and_then(|l| l.limit_bytes),
                 limit_hit: hit.map(|l| l.level),
                 levels,
@@ -572,4 +473,34 @@ fn handle(ctx: &Ctx, state: &mut ReaderState, event: Event) {
         }
         Event::ThreadExit(_) | Event::Fork { .. } => {}
     }
+}
+
+/// Notes a container's end in its pod's timeline and hands it to the dispatcher.
+fn deliver(ctx: &Ctx, meaning: Meaning) {
+    if let Meaning::Exit {
+        uid,
+        container,
+        exit,
+        pid: Some(pid),
+    } = &meaning
+    {
+        let short = evlet_cri::ids::short(container);
+        let what = match &exit.record {
+            Some(r) => format!(
+                "init (pid {pid}) of container {short} exited with code {}{}",
+                r.exit_code,
+                if r.oom {
+                    ", killed by the OOM killer"
+                } else {
+                    ""
+                }
+            ),
+            None => format!(
+                "presumed init (pid {pid}) of container {short} exited; the runtime decides"
+            ),
+        };
+        ctx.diagnostics
+            .trace(&uid.0, crate::diagnostics::Source::Kernel, what);
+    }
+    super::kernel::hint(&ctx.hints, meaning);
 }

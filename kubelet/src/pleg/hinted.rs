@@ -15,8 +15,12 @@
 //! stuck behind a finished init container, issue 22). While expecting, the
 //! container is polled with one status call, every 1, 2, 4, 5 ms for the fast
 //! window (5 s), then every second; after 30 s a full relist is asked for and a
-//! warning names the container. An expectation is never dropped: a pod with one
-//! is never proven quiet, and its polls wait while its SyncPod runs.
+//! warning names the container; after 2 min it ends unconfirmed, counted in
+//! `evlet_pleg_expectations_abandoned_total` (a presumed init that was not the
+//! container's, a runtime that lost the exit). Until then a pod with one is
+//! never proven quiet, and its polls wait while its SyncPod runs. A kernel
+//! record whose init process still lives is refused by the relister and
+//! expects nothing.
 //!
 //! **Quiet proofs.** A pod worker waiting for a status newer than its last sync
 //! (a resync, an update) does not need a CRI read when nothing changed: in
@@ -65,6 +69,9 @@ pub struct Timing {
     pub slow_step: Duration,
     /// After this long unconfirmed, a full relist is asked for and a warning logged.
     pub full_after: Duration,
+    /// After this long unconfirmed, the expectation ends (counted): every
+    /// expectation ends.
+    pub give_up_after: Duration,
     /// How long a quiet proof may take before the pods are relisted instead.
     pub prove_for: Duration,
     /// `cri-events`: how long an unannounced change may wait for its event.
@@ -80,6 +87,7 @@ impl Timing {
             fast_step: Duration::from_millis(5),
             slow_step: Duration::from_secs(1),
             full_after: Duration::from_secs(30),
+            give_up_after: Duration::from_secs(120),
             prove_for: Duration::from_secs(1),
             grace: Duration::from_secs(1),
         }
@@ -362,7 +370,7 @@ impl Dispatcher {
             .inc_by((before - self.verifying.len()) as u64);
     }
 
-    async fn pod(&mut self, uid: PodUid, dirty: Dirty) -> Step {
+    async fn pod(&mut self, uid: PodUid, mut dirty: Dirty) -> Step {
         self.suspects.remove(&uid);
         // The kernel's certain exits go into the status at once (invariant 1);
         // the runtime is polled only to confirm them.
@@ -371,14 +379,22 @@ impl Dispatcher {
             .iter()
             .filter_map(|(id, e)| Some((id.clone(), e.record?)))
             .collect();
-        if !certain.is_empty() && self.relister.apply_kernel_exits(&uid, &certain) {
-            for e in dirty.exits.values().filter(|e| e.record.is_some()) {
-                self.observe_latency(e.at);
+        if !certain.is_empty() {
+            let applied = self.relister.apply_kernel_exits(&uid, &certain);
+            // A refused record named a process that lives: nothing to expect,
+            // and the pod is read below.
+            for id in &applied.refused {
+                dirty.exits.remove(id);
             }
-            if certain.len() == dirty.exits.len() {
-                tracing::debug!(pod = %uid, exits = certain.len(), "kernel exits applied");
-                self.expect(uid, &dirty.exits, None);
-                return Step::Done;
+            if applied.shown {
+                for e in dirty.exits.values().filter(|e| e.record.is_some()) {
+                    self.observe_latency(e.at);
+                }
+                if applied.refused.is_empty() && dirty.exits.values().all(|e| e.record.is_some()) {
+                    tracing::debug!(pod = %uid, exits = certain.len(), "kernel exits applied");
+                    self.expect(uid, &dirty.exits, None);
+                    return Step::Done;
+                }
             }
         }
         match self.relister.relist_pod(&uid).await {
@@ -457,15 +473,18 @@ impl Dispatcher {
                 lost: false,
             });
             e.exits = open;
-            self.schedule(&uid, &mut e, now);
-            self.expecting.insert(uid, e);
+            if self.schedule(&uid, &mut e, now) {
+                self.expecting.insert(uid, e);
+            }
         }
         self.metrics
             .pleg_expectations
             .set(self.expecting.len() as i64);
     }
 
-    fn schedule(&self, uid: &PodUid, e: &mut Expect, now: Instant) {
+    /// Schedules `uid`'s next poll; false once the expectation has waited
+    /// past [`Timing::give_up_after`] (it ends, counted).
+    fn schedule(&self, uid: &PodUid, e: &mut Expect, now: Instant) -> bool {
         let waited = now - e.since;
         let step = if waited < self.timing.fast_for {
             let open = u32::try_from(self.expecting.len() + 1).unwrap_or(u32::MAX);
@@ -476,21 +495,28 @@ impl Dispatcher {
         };
         e.attempt += 1;
         e.due = now + step;
+        let containers: Vec<&String> = e.exits.keys().collect();
         if waited >= EXIT_LOST_AFTER && !e.lost {
             e.lost = true;
             self.metrics.runtime_exit_lost.inc_by(e.exits.len() as u64);
-            let containers: Vec<&String> = e.exits.keys().collect();
             tracing::warn!(pod = %uid, ?containers, ?waited, "the runtime has not processed exits the kernel saw (a lost exit?); the status shows the kernel's, the agent goes on");
         }
         if waited >= self.timing.full_after && !e.escalated {
             e.escalated = true;
-            let containers: Vec<&String> = e.exits.keys().collect();
             tracing::warn!(pod = %uid, ?containers, ?waited, "the kernel saw these containers' init exit, and the runtime still shows them running; relisting everything");
             self.hints.full(
                 Reason::UnconfirmedExit,
                 format!("pod {uid}: {containers:?}"),
             );
         }
+        if waited >= self.timing.give_up_after {
+            self.metrics
+                .pleg_expectations_abandoned
+                .inc_by(e.exits.len() as u64);
+            tracing::warn!(pod = %uid, ?containers, ?waited, "the runtime never showed these kernel-reported exits; no longer waiting for it");
+            return false;
+        }
+        true
     }
 
     /// Polls an expectation: one status call per container; a relist of the
@@ -524,10 +550,14 @@ impl Dispatcher {
     }
 
     fn reschedule(&mut self, uid: &PodUid) {
-        if let Some(mut e) = self.expecting.remove(uid) {
-            self.schedule(uid, &mut e, Instant::now());
+        if let Some(mut e) = self.expecting.remove(uid)
+            && self.schedule(uid, &mut e, Instant::now())
+        {
             self.expecting.insert(uid.clone(), e);
         }
+        self.metrics
+            .pleg_expectations
+            .set(self.expecting.len() as i64);
     }
 
     /// Answers workers that want a fresh entry: a quiet proof, or a relist.

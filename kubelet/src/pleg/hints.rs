@@ -12,10 +12,12 @@ use std::sync::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::process::Process;
 use crate::pod::PodUid;
 
-/// What the kernel knows for certain about a container's death: its init
-/// was PID 1 of its own PID namespace, so this is the container's end.
+/// What the kernel knows for certain about a container's death: the process
+/// that exited is the one the runtime named as the container's init, so
+/// this is the container's end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExitRecord {
     /// The exit code as runtimes report it (`128 + signal`, or the status).
@@ -24,6 +26,9 @@ pub struct ExitRecord {
     pub finished_unix_ns: i64,
     /// The kernel's OOM killer killed the init (directly or by a group kill).
     pub oom: bool,
+    /// The init process that exited: before the record is believed, this
+    /// process must be gone (a status that is never wrong).
+    pub process: Process,
 }
 
 /// A kernel report that a container's (or sandbox's) init exited.
@@ -32,7 +37,8 @@ pub struct KernelExit {
     /// CLOCK_MONOTONIC ns of the exit.
     pub at: u64,
     /// What the status may show at once; `None` when the init is only
-    /// presumed (no PID namespace of its own): then the runtime decides.
+    /// presumed (the runtime has not named it yet) or the container's cgroup
+    /// went: then the runtime decides.
     pub record: Option<ExitRecord>,
 }
 

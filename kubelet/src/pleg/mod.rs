@@ -12,6 +12,8 @@ pub mod ebpf;
 pub mod generic;
 pub mod hinted;
 pub mod hints;
+pub mod kernel;
+pub mod process;
 pub mod relist;
 pub mod restarts;
 

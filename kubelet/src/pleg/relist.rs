@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::hints::ExitRecord;
+use super::process::{ProcFs, Processes};
 use super::{EventType, Health, PodLifecycleEvent};
 use crate::cache::CacheWriter;
 use crate::diagnostics::Diagnostics;
@@ -110,6 +111,18 @@ fn diff(
     events
 }
 
+/// The runtime's word on each container's init, for the kernel side
+/// (`pleg::kernel::Binder` in `ebpf` mode): the relister gives it the PID the
+/// runtime reports for each container (and sandbox) it first shows running.
+pub trait Inits: Send + Sync + std::fmt::Debug {
+    /// Is container `container`'s init still unknown to the kernel side?
+    fn wants(&self, container: &str) -> bool;
+    /// The runtime names `pid` as `container`'s init (`None`: it named none).
+    fn bind(&self, container: &str, pid: Option<u32>);
+    /// Forgets every container not in `present`.
+    fn retain(&self, present: &HashSet<&str>);
+}
+
 /// What a full relist found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -126,6 +139,15 @@ pub struct Report {
 pub struct Listing {
     start: Instant,
     pods: BTreeMap<PodUid, RuntimePod>,
+}
+
+/// What [`Relister::apply_kernel_exits`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct KernelApplied {
+    /// The cache shows the accepted exits now (no read needed).
+    pub shown: bool,
+    /// Exits refused because their init process lives.
+    pub refused: Vec<String>,
 }
 
 /// What a per-pod relist found.
@@ -153,14 +175,21 @@ pub struct Relister {
     diagnostics: Arc<Diagnostics>,
     last_full: Option<Instant>,
     /// Exits the kernel reported for certain, by container (or sandbox) ID:
-    /// overlaid on every runtime read until the container is gone (design
-    /// invariant 1: a container ID never runs again).
+    /// overlaid on every runtime read of their pod until the container is
+    /// gone (design invariant 1: a container ID never runs again).
     kernel: HashMap<String, KernelEnd>,
+    /// Where the runtime's init of each running container goes (`ebpf` mode).
+    inits: Option<Arc<dyn Inits>>,
+    /// Whether a kernel-reported init still lives: a record of a process
+    /// that lives is refused (`/proc`; the fake runtime's table in tests).
+    processes: Arc<dyn Processes>,
 }
 
 /// A kernel-reported end of a container, and whether the runtime agrees yet.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct KernelEnd {
+    /// The pod the kernel said it belongs to: applied to that pod only.
+    uid: PodUid,
     record: ExitRecord,
     /// The runtime shows it stopped (its fields were compared, once).
     confirmed: bool,
@@ -203,7 +232,22 @@ impl Relister {
             health,
             last_full: None,
             kernel: HashMap::new(),
+            inits: None,
+            processes: Arc::new(ProcFs),
         }
+    }
+
+    /// Gives the runtime's init of every container it first shows running
+    /// to `inits`, and judges kernel records by `processes`.
+    #[must_use]
+    pub fn with_kernel(
+        mut self,
+        inits: Option<Arc<dyn Inits>>,
+        processes: Arc<dyn Processes>,
+    ) -> Self {
+        self.inits = inits;
+        self.processes = processes;
+        self
     }
 
     /// Puts the kernel's certain exits into `status`: containers the runtime
@@ -216,7 +260,11 @@ impl Relister {
             return;
         }
         for c in &mut status.containers {
-            let Some(end) = self.kernel.get_mut(c.id.as_str()) else {
+            let Some(end) = self
+                .kernel
+                .get_mut(c.id.as_str())
+                .filter(|end| end.uid == *uid)
+            else {
                 continue;
             };
             let record = end.record;
@@ -263,7 +311,11 @@ impl Relister {
             });
         }
         for s in &mut status.sandboxes {
-            if let Some(end) = self.kernel.get_mut(s.id.as_str()) {
+            if let Some(end) = self
+                .kernel
+                .get_mut(s.id.as_str())
+                .filter(|end| end.uid == *uid)
+            {
                 end.confirmed |= !s.ready;
                 s.ready = false;
             }
@@ -271,59 +323,134 @@ impl Relister {
     }
 
     /// The same for one pod's listing (state and readiness only).
-    fn overlay_listing(&self, pod: &mut RuntimePod) {
+    fn overlay_listing(&self, uid: &PodUid, pod: &mut RuntimePod) {
         if self.kernel.is_empty() {
             return;
         }
+        let ended = |id: &String| self.kernel.get(id).is_some_and(|end| end.uid == *uid);
         for (id, state) in &mut pod.containers {
-            if self.kernel.contains_key(id) {
+            if ended(id) {
                 *state = State::Exited;
             }
         }
         for (id, ready) in &mut pod.sandboxes {
-            if self.kernel.contains_key(id) {
+            if ended(id) {
                 *ready = false;
             }
         }
     }
 
-    /// Forgets kernel exits of containers and sandboxes that no listing has.
+    /// Forgets kernel exits and inits of containers and sandboxes that no
+    /// listing has.
     fn prune_kernel(&mut self, pods: &BTreeMap<PodUid, RuntimePod>) {
-        if self.kernel.is_empty() {
+        if self.kernel.is_empty() && self.inits.is_none() {
             return;
         }
-        let present: HashSet<&String> = pods
+        let present: HashSet<&str> = pods
             .values()
             .flat_map(|p| p.containers.keys().chain(p.sandboxes.keys()))
+            .map(String::as_str)
             .collect();
-        self.kernel.retain(|id, _| present.contains(id));
+        self.kernel.retain(|id, _| present.contains(id.as_str()));
+        if let Some(inits) = &self.inits {
+            inits.retain(&present);
+        }
+    }
+
+    /// Gives the kernel side the runtime's init of each container and sandbox
+    /// of `status` that the runtime shows running and the kernel side does
+    /// not know yet (one verbose status call each, once per container).
+    async fn bind_inits(&self, status: &PodStatus) {
+        let Some(inits) = &self.inits else {
+            return;
+        };
+        let client = &self.runtime.client;
+        for c in &status.containers {
+            if c.state == State::Running && inits.wants(c.id.as_str()) {
+                match client.container_pid(&c.id).await {
+                    Ok(pid) => inits.bind(c.id.as_str(), pid),
+                    Err(err) => {
+                        tracing::debug!(container = %c.id, %err, "cannot read the runtime's init; the next read tries again");
+                    }
+                }
+            }
+        }
+        for s in &status.sandboxes {
+            if s.ready && inits.wants(s.id.as_str()) {
+                match client.sandbox_pid(&s.id).await {
+                    Ok(pid) => inits.bind(s.id.as_str(), pid),
+                    Err(err) => {
+                        tracing::debug!(sandbox = %s.id, %err, "cannot read the runtime's init; the next read tries again");
+                    }
+                }
+            }
+        }
     }
 
     /// Records exits the kernel reported for certain and puts them into the
-    /// cache at once, without a runtime read, with their PLEG events. Returns
-    /// false if the cached entry lacks one of the containers (it was created
-    /// after the last read): the caller reads the pod, and the read overlays them.
+    /// cache at once, without a runtime read, with their PLEG events.
+    ///
+    /// A record whose process still lives is refused (the kernel side named
+    /// the wrong process): it is counted as a `running` disagreement, logged
+    /// once, and returned in [`KernelApplied::refused`]; the status keeps the
+    /// runtime's word, so no replacement is started beside a live instance.
+    /// [`KernelApplied::shown`] is false if the cached entry lacks one of the
+    /// containers (it was created after the last read): the caller reads the
+    /// pod, and the read overlays them.
     pub fn apply_kernel_exits(
         &mut self,
         uid: &PodUid,
         exits: &BTreeMap<String, ExitRecord>,
-    ) -> bool {
+    ) -> KernelApplied {
+        let mut applied = KernelApplied::default();
         for (id, record) in exits {
-            self.kernel.entry(id.clone()).or_insert(KernelEnd {
-                record: *record,
-                confirmed: false,
-            });
+            if self.kernel.contains_key(id) {
+                continue;
+            }
+            if record.process.alive(self.processes.as_ref()) {
+                self.metrics
+                    .pleg_runtime_disagreements
+                    .with_label_values(&["running"])
+                    .inc();
+                tracing::warn!(pod = %uid, container = %id, pid = record.process.pid, "the kernel reported this container's init exited, but that process lives; the runtime's word stands");
+                self.diagnostics.trace(
+                    &uid.0,
+                    crate::diagnostics::Source::Pleg,
+                    format!(
+                        "kernel exit of {} refused: its init (pid {}) lives",
+                        evlet_cri::ids::short(id),
+                        record.process.pid
+                    ),
+                );
+                applied.refused.push(id.clone());
+                continue;
+            }
+            self.kernel.insert(
+                id.clone(),
+                KernelEnd {
+                    uid: uid.clone(),
+                    record: *record,
+                    confirmed: false,
+                },
+            );
+        }
+        let accepted: Vec<&String> = exits
+            .keys()
+            .filter(|id| !applied.refused.contains(id))
+            .collect();
+        if accepted.is_empty() {
+            return applied;
         }
         let Some(Ok(cached)) = self.cache.reader().get(uid).map(|e| e.status) else {
-            return false;
+            return applied;
         };
         let mut status = (*cached).clone();
-        let known = exits.keys().all(|id| {
-            status.containers.iter().any(|c| c.id.as_str() == id)
-                || status.sandboxes.iter().any(|s| s.id.as_str() == id)
+        let known = accepted.iter().all(|id| {
+            status.containers.iter().any(|c| c.id.as_str() == *id)
+                || status.sandboxes.iter().any(|s| s.id.as_str() == *id)
         });
         if !known {
-            return false;
+            return applied;
         }
         let at = Instant::now();
         self.overlay(uid, &mut status);
@@ -338,7 +465,8 @@ impl Relister {
         }
         self.cache.set(uid, Ok(status), at);
         self.send(events);
-        true
+        applied.shown = true;
+        applied
     }
 
     /// Has the kernel reported `id`'s end for certain (and is it still known)?
@@ -350,7 +478,7 @@ impl Relister {
     /// `status` stopped? For a kernel-reported exit, whether the runtime has
     /// confirmed it.
     pub fn runtime_shows_stopped(&self, status: &PodStatus, id: &str) -> bool {
-        match self.kernel.get(id) {
+        match self.kernel.get(id).filter(|end| end.uid == status.uid) {
             Some(end) => end.confirmed,
             None => status.shows_stopped(id),
         }
@@ -376,6 +504,7 @@ impl Relister {
         match self.runtime.pod_status(uid).await {
             Ok(mut status) => {
                 self.reinspect.remove(uid);
+                self.bind_inits(&status).await;
                 self.overlay(uid, &mut status);
                 self.cache.set(uid, Ok(status.clone()), at);
                 Ok(status)
@@ -429,8 +558,8 @@ impl Relister {
     ) -> Report {
         let Listing { start, mut pods } = listing;
         self.prune_kernel(&pods);
-        for pod in pods.values_mut() {
-            self.overlay_listing(pod);
+        for (uid, pod) in &mut pods {
+            self.overlay_listing(uid, pod);
         }
         self.update_gauges(&pods);
         let mut report = Report::default();

@@ -43,6 +43,9 @@ pub struct PlegView {
     pub runtime_disagreements: BTreeMap<String, u64>,
     /// Exits the kernel saw that the runtime still showed running 10 s later.
     pub runtime_exit_lost: u64,
+    /// Kernel-reported exits the runtime never showed, given up on.
+    #[serde(default)]
+    pub expectations_abandoned: u64,
     /// Pods with a kernel-reported exit the runtime has not shown yet.
     pub expectations: i64,
     /// Single-pod relists per pod (namespace/name, or UID).
@@ -116,6 +119,7 @@ pub fn pleg_view(s: &Served) -> PlegView {
         full_relists: by_label(&m.pleg_full_relists),
         runtime_disagreements: by_label(&m.pleg_runtime_disagreements),
         runtime_exit_lost: m.runtime_exit_lost.get(),
+        expectations_abandoned: m.pleg_expectations_abandoned.get(),
         expectations: m.pleg_expectations.get(),
         pod_relists: s.diagnostics.pod_relists().into_iter().collect(),
     }
