@@ -122,7 +122,11 @@ fn every_metric_the_alerts_and_the_dashboard_query_is_served() {
 #[test]
 fn the_alert_rules_pass_promtool() {
     let rules = deploy("prometheus/evlet-alerts.yaml");
-    let Some(out) = promtool::run(&["check", "rules", &rules.to_string_lossy()], "") else {
+    let Some(out) = promtool::run(
+        "the_alert_rules_pass_promtool",
+        &["check", "rules", &rules.to_string_lossy()],
+        "",
+    ) else {
         return;
     };
     let text =
@@ -169,11 +173,17 @@ fn the_metrics_text_passes_promtool_check_metrics() {
             capacity_bytes: 1e9,
             ..Default::default()
         }]);
-    promtool::check_metrics(&metrics.encode());
+    promtool::check_metrics(
+        "the_metrics_text_passes_promtool_check_metrics",
+        &metrics.encode(),
+    );
     metrics
         .probes
         .total
         .with_label_values(&["Liveness", "successful", "c", "p", "default", "u"])
         .inc();
-    promtool::check_metrics(&metrics.probes.encode());
+    promtool::check_metrics(
+        "the_metrics_text_passes_promtool_check_metrics",
+        &metrics.probes.encode(),
+    );
 }

@@ -40,7 +40,7 @@ async fn live_metrics_are_upstreams(agent: &Running, node: &str) {
     let (code, content_type, text) = support::http_get(agent.handles.address, "/metrics").await;
     assert_eq!(code, 200);
     assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
-    promtool::check_metrics(&text);
+    promtool::check_metrics("live_metrics_are_upstreams", &text);
     let value = |series: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())

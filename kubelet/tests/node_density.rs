@@ -9,7 +9,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use evlet::pod::labels;
@@ -76,32 +76,43 @@ async fn leftovers(w: &World) -> (Vec<String>, Vec<String>) {
     )
 }
 
-/// Pod cgroups (`pod<uid>` directories) under the test's cgroup root, in every hierarchy.
-fn pod_cgroups(w: &World) -> Vec<PathBuf> {
-    let rel = format!("{}/{}", w.node.cgroup_root.trim_matches('/'), w.name);
+/// The cgroup hierarchies' roots: each v1 controller's mount, and the v2 one.
+fn hierarchies() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
         .unwrap_or_default();
     roots.push("/sys/fs/cgroup".into());
-    let mut found = Vec::new();
-    for root in roots {
-        collect_pod_dirs(&root.join(&rel), &mut found);
-    }
-    found
+    roots
 }
 
-fn collect_pod_dirs(dir: &Path, found: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let path = entry.path();
-        if entry.file_name().to_string_lossy().starts_with("pod") {
-            found.push(path);
-        } else {
-            collect_pod_dirs(&path, found);
+/// The agent's cgroup names for this test's node (its driver, its root).
+fn names(w: &World) -> evlet::cm::Names {
+    evlet::cm::Names::new(
+        support::cgroup_driver(),
+        &format!("{}/{}", w.node.cgroup_root, w.name),
+    )
+}
+
+/// Pod cgroups under the test's cgroup root, in every hierarchy: the
+/// directories in the pods' cgroup or a QoS tier that the agent's own naming
+/// (either driver's) takes for a pod's.
+fn pod_cgroups(w: &World) -> Vec<PathBuf> {
+    let names = names(w);
+    let mut found = Vec::new();
+    for root in hierarchies() {
+        for parent in names.pod_parents() {
+            let dir = root.join(parent.trim_start_matches('/'));
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let leaf = entry.file_name().to_string_lossy().into_owned();
+                if entry.file_type().is_ok_and(|t| t.is_dir())
+                    && names.pod_uid_of(&parent, &leaf).is_some()
+                {
+                    found.push(entry.path());
+                }
+            }
         }
     }
+    found
 }
 
 /// Mount points of runtime objects that no longer exist (a container's
@@ -204,6 +215,37 @@ async fn many_pods_and_a_burst_deleted_while_starting_leave_nothing_behind() {
             let mounts = stale_mounts(&w).await;
             assert!(mounts.is_empty(), "mounts left behind: {mounts:?}");
             agent.stop().await;
+        },
+    )
+    .await;
+}
+
+/// The leak check above finds what it is meant to: a pod cgroup planted in
+/// every hierarchy, in each of the three places a pod's cgroup can be.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_leak_check_finds_a_planted_pod_cgroup_in_every_hierarchy() {
+    e2e(
+        "the_leak_check_finds_a_planted_pod_cgroup_in_every_hierarchy",
+        |w| async move {
+            assert!(pod_cgroups(&w).is_empty(), "a new node has no pod cgroup");
+            let mut planted = Vec::new();
+            for root in hierarchies()
+                .into_iter()
+                .filter(|r| r.join("cgroup.procs").exists())
+            {
+                for placement in names(&w).pod_placements("planted-0000") {
+                    let dir = root.join(placement.trim_start_matches('/'));
+                    std::fs::create_dir_all(&dir)
+                        .unwrap_or_else(|e| panic!("plant {}: {e}", dir.display()));
+                    planted.push(dir);
+                }
+            }
+            assert!(!planted.is_empty(), "no cgroup hierarchy to plant in");
+            let mut found = pod_cgroups(&w);
+            found.sort();
+            planted.sort();
+            assert_eq!(found, planted, "the check finds every planted pod cgroup");
+            // The world's clean-up removes them with the rest of its cgroups.
         },
     )
     .await;

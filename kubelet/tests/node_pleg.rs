@@ -110,6 +110,18 @@ async fn kill_to_cache(
     (runtime, cache.saturating_sub(runtime))
 }
 
+/// Full relists done for every reason together.
+fn all_full_relists(agent: &Running) -> f64 {
+    agent
+        .handles
+        .metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("evlet_pleg_full_relists_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 fn percentile(sorted: &[Duration], p: usize) -> Duration {
     sorted[(sorted.len() - 1) * p / 100]
 }
@@ -123,7 +135,8 @@ async fn a_kill_reaches_the_cache_within_milliseconds_of_the_runtime_with_a_five
             w.write("lat.yaml", &sleeper("lat", 8, "Never"));
             let agent = w.start_with(ebpf(&w)).await;
             let pod = w.pod_name("lat");
-            let relists = full_relists(&agent, "periodic");
+            let relists = all_full_relists(&agent);
+            let hinted = metric(&agent, "evlet_pleg_hint_latency_seconds_count");
             let (mut floor, mut over) = (Vec::new(), Vec::new());
             for i in 0..8 {
                 let (runtime, added) = kill_to_cache(&w, &agent, &pod, &format!("c{i}")).await;
@@ -142,9 +155,14 @@ async fn a_kill_reaches_the_cache_within_milliseconds_of_the_runtime_with_a_five
                 over
             );
             assert_eq!(
-                full_relists(&agent, "periodic"),
+                all_full_relists(&agent),
                 relists,
-                "no periodic relist ran: every exit came through the kernel"
+                "no full relist of any reason (a lost record, an unknown cgroup, an \
+                 unconfirmed exit) ran: every exit came through the kernel"
+            );
+            assert!(
+                metric(&agent, "evlet_pleg_hint_latency_seconds_count") >= hinted + 8.0,
+                "each of the 8 kills reached the cache through a kernel hint"
             );
             assert!(
                 percentile(&over, 50) <= Duration::from_millis(50),

@@ -1,5 +1,7 @@
 //! `promtool` (installed by `cargo xtask setup` under `.tools/bin`, or named
-//! by `EVLET_PROMTOOL`): outside CI a missing one skips, in CI it fails.
+//! by `EVLET_PROMTOOL`): outside CI a missing one skips loudly (past the test
+//! harness's capture), under `CI=true` it fails, as every skip does
+//! (`evlet_testkit::require`).
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -9,8 +11,9 @@ use std::process::{Command, Output, Stdio};
 /// the only lint findings `promtool check metrics` may report.
 pub const UPSTREAM_UNSUFFIXED: &[&str] = &["kubelet_pleg_discard_events", "kubelet_evictions"];
 
-/// Runs `promtool args…` with `stdin`; `None` if there is no promtool outside CI.
-pub fn run(args: &[&str], stdin: &str) -> Option<Output> {
+/// Runs `promtool args…` with `stdin` for test `test`; `None` if there is no
+/// promtool outside CI.
+pub fn run(test: &str, args: &[&str], stdin: &str) -> Option<Output> {
     let promtool =
         std::env::var_os("EVLET_PROMTOOL").map_or_else(|| PathBuf::from("promtool"), PathBuf::from);
     let child = Command::new(&promtool)
@@ -21,11 +24,17 @@ pub fn run(args: &[&str], stdin: &str) -> Option<Output> {
         .spawn();
     let mut child = match child {
         Ok(c) => c,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("SKIPPED: no promtool ({e}); `cargo xtask setup` installs one");
+        Err(e) => {
+            evlet_testkit::require(
+                test,
+                false,
+                &format!(
+                    "no promtool at {} ({e}); `cargo xtask setup` installs one",
+                    promtool.display()
+                ),
+            );
             return None;
         }
-        Err(e) => panic!("promtool is required in CI (`cargo xtask setup`): {e}"),
     };
     if let Some(mut input) = child.stdin.take() {
         input.write_all(stdin.as_bytes()).expect("promtool stdin");
@@ -33,10 +42,10 @@ pub fn run(args: &[&str], stdin: &str) -> Option<Output> {
     Some(child.wait_with_output().expect("promtool"))
 }
 
-/// `promtool check metrics` on `text`: panics on a parse error or on any lint
-/// finding but upstream's own unsuffixed counters.
-pub fn check_metrics(text: &str) {
-    let Some(out) = run(&["check", "metrics"], text) else {
+/// `promtool check metrics` on `text` for test `test`: panics on a parse
+/// error or on any lint finding but upstream's own unsuffixed counters.
+pub fn check_metrics(test: &str, text: &str) {
+    let Some(out) = run(test, &["check", "metrics"], text) else {
         return;
     };
     let report =
@@ -61,4 +70,43 @@ pub fn check_metrics(text: &str) {
         }
         code => panic!("promtool check metrics failed ({code:?}): {report}"),
     }
+}
+
+#[test]
+fn a_missing_promtool_skips_loudly_outside_ci_and_fails_under_ci() {
+    let missing = "/nonexistent/promtool";
+    let probe = |ci: Option<&str>| {
+        let mut cmd = Command::new(std::env::current_exe().expect("the test binary"));
+        cmd.args([
+            "--exact",
+            "promtool::a_missing_promtool_probe",
+            "--nocapture",
+        ])
+        .env("EVLET_PROMTOOL", missing)
+        .env("EVLET_PROMTOOL_PROBE", "1");
+        match ci {
+            Some(v) => cmd.env("CI", v),
+            None => cmd.env_remove("CI"),
+        };
+        cmd.output().expect("run the probe")
+    };
+    let outside = probe(None);
+    let text = String::from_utf8_lossy(&outside.stderr);
+    assert!(outside.status.success(), "outside CI a skip passes: {text}");
+    assert!(text.contains("SKIPPED"), "and says so: {text}");
+    let inside = probe(Some("true"));
+    assert!(
+        !inside.status.success(),
+        "under CI=true a missing promtool fails: {}",
+        String::from_utf8_lossy(&inside.stdout)
+    );
+}
+
+/// Run only by `a_missing_promtool_skips_loudly_outside_ci_and_fails_under_ci`.
+#[test]
+fn a_missing_promtool_probe() {
+    if std::env::var_os("EVLET_PROMTOOL_PROBE").is_none() {
+        return;
+    }
+    check_metrics("a_missing_promtool_probe", "# nothing\n");
 }
