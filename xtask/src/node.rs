@@ -303,14 +303,7 @@ impl Node {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        // SAFETY: setsid is async-signal-safe; it detaches the daemon from our
-        // session so it outlives this command.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-                libc::setsid();
-                Ok(())
-            });
-        }
+        crate::sh::detach(&mut cmd);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", bins.containerd.display()))?;

@@ -78,3 +78,28 @@ pub fn require_root(what: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// `CLOSE_RANGE_CLOEXEC` (linux/close_range.h, Linux 5.11).
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
+/// Makes `cmd` a daemon of its own: a new session (it outlives this command
+/// and a Ctrl-C of it), and none of this process's inherited descriptors
+/// beyond stdio (a lock the caller holds, say `flock lock cargo xtask node
+/// up`, must not be held by containerd for its whole life).
+pub fn detach(cmd: &mut Command) {
+    // SAFETY: setsid and close_range are async-signal-safe system calls with
+    // no preconditions; an old kernel's ENOSYS/EINVAL leaves the descriptors
+    // as they were.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, || {
+            libc::setsid();
+            libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_uint,
+                libc::c_uint::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            );
+            Ok(())
+        });
+    }
+}

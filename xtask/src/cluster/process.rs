@@ -115,14 +115,7 @@ pub fn start(layout: &Layout, c: Component) -> Result<i32> {
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // SAFETY: setsid is async-signal-safe; it detaches the component from our
-    // session so it outlives this command and a Ctrl-C of it.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    crate::sh::detach(&mut cmd);
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {c} ({})", binary.display()))?;
