@@ -134,11 +134,17 @@ pub async fn start(
         path: config.root_dir.clone(),
         source,
     })?;
-    let metrics = Arc::new(Metrics::with_rest_client(
+    let metrics = Arc::new(Metrics::with_clients(
         config
             .api
             .as_ref()
             .map(|api| api.metrics.clone())
+            .unwrap_or_default(),
+        config
+            .api
+            .as_ref()
+            .and_then(|api| api.certificates.as_ref())
+            .map(|c| c.metrics().clone())
             .unwrap_or_default(),
     ));
     metrics
@@ -886,14 +892,25 @@ async fn start_secure(
         .filter_map(|ip| ip.parse().ok())
         .chain([std::net::IpAddr::from([127, 0, 0, 1])])
         .collect();
-    let tls = server::tls::server_config(&server::tls::TlsSettings {
-        cert_file: secure.tls_cert_file.clone(),
-        key_file: secure.tls_private_key_file.clone(),
-        client_ca_file: secure.client_ca_file.clone(),
-        cert_dir: config.root_dir.join("pki"),
-        hostname: config::hostname(),
-        ips,
-    })?;
+    // serverTLSBootstrap: the certificate manager's serving certificate.
+    let bootstrapped = config
+        .api
+        .as_ref()
+        .and_then(|api| api.certificates.as_ref())
+        .and_then(|c| c.server_resolver());
+    let tls = match bootstrapped {
+        Some(resolver) => {
+            server::tls::server_config_with(resolver, secure.client_ca_file.as_deref())?
+        }
+        None => server::tls::server_config(&server::tls::TlsSettings {
+            cert_file: secure.tls_cert_file.clone(),
+            key_file: secure.tls_private_key_file.clone(),
+            client_ca_file: secure.client_ca_file.clone(),
+            cert_dir: config.root_dir.join("pki"),
+            hostname: config::hostname(),
+            ips,
+        })?,
+    };
     let listener = server::secure::bind(secure.address).await?;
     let address = listener.local_addr()?;
     tracing::info!(%address, anonymous = secure.anonymous, webhook_authn = secure.token_webhook.is_some(), authorization = ?secure.authorization, "serving the secured kubelet API");
@@ -927,9 +944,18 @@ fn start_api(
 ) -> ApiState {
     let client = api_client.client.clone();
     let (mirrors_tx, mirrors_rx) = watch::channel(Mirrors::new());
+    let node = api::node::SelfWatch::start(
+        api_client.client.clone(),
+        &config.node_name,
+        shutdown.child_token(),
+    );
     tokio::spawn(api::pods::run(
         client.clone(),
         config.node_name.clone(),
+        {
+            let node = node.clone();
+            async move { node.synced().await }
+        },
         sources.clone(),
         mirrors_tx,
         shutdown.child_token(),
@@ -982,11 +1008,7 @@ fn start_api(
                 pods: i64::from(config.max_pods),
             }
         },
-        node: Some(api::node::SelfWatch::start(
-            api_client.client.clone(),
-            &config.node_name,
-            shutdown.child_token(),
-        )),
+        node: Some(node),
         rejected: BTreeSet::new(),
         finished: BTreeSet::new(),
     }

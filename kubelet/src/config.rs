@@ -329,6 +329,13 @@ pub struct KubeletConfiguration {
     pub tls_cert_file: Option<PathBuf>,
     /// The serving key.
     pub tls_private_key_file: Option<PathBuf>,
+    /// Rotate the client certificate before it expires
+    /// (`--rotate-certificates`; upstream's default false, kubeadm sets it).
+    pub rotate_certificates: Option<bool>,
+    /// The secured port's certificate from a `kubernetes.io/kubelet-serving`
+    /// CSR, rotated (default false).
+    #[serde(rename = "serverTLSBootstrap")]
+    pub server_tls_bootstrap: Option<bool>,
     /// How clients of the secured port authenticate.
     #[serde(default)]
     pub authentication: Authentication,
@@ -412,6 +419,8 @@ const KNOWN: &[&str] = &[
     "port",
     "tlsCertFile",
     "tlsPrivateKeyFile",
+    "rotateCertificates",
+    "serverTLSBootstrap",
     "authentication",
     "authorization",
     "evictionHard",
@@ -1234,6 +1243,23 @@ mod tests {
         let err = compat_args(vec!["evlet".into(), "--feature-gates=A=true".into()])
             .expect_err("refused");
         assert!(err.starts_with("flag --feature-gates is refused"), "{err}");
+    }
+
+    #[test]
+    fn tls_bootstrap_fields_are_read_by_upstreams_names() {
+        let cfg = KubeletConfiguration::parse(
+            "rotateCertificates: true\nserverTLSBootstrap: true\n",
+            Path::new("c.yaml"),
+        )
+        .expect("valid");
+        assert_eq!(cfg.rotate_certificates, Some(true));
+        assert_eq!(cfg.server_tls_bootstrap, Some(true));
+        assert!(KNOWN.contains(&"rotateCertificates") && KNOWN.contains(&"serverTLSBootstrap"));
+        let none = KubeletConfiguration::default();
+        assert_eq!(
+            (none.rotate_certificates, none.server_tls_bootstrap),
+            (None, None)
+        );
     }
 
     #[test]

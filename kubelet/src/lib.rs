@@ -27,6 +27,7 @@
 //! * [`pod`]: identity, labels, defaulting; [`cgroups`]: pod cgroup cleanup;
 //!   [`vars`]: `$(VAR)` expansion.
 //! * [`api`]: API-server mode (node, lease, pod watch, status manager, mirror pods).
+//! * [`certificate`]: TLS bootstrap and rotation of the client and serving certificates.
 //! * [`diagnostics`]: the kernel's OOM records and Kubernetes-style events.
 //! * [`heap`]: glibc's arenas, and trimming the heap after bursts of work.
 
@@ -34,6 +35,7 @@ pub mod agent;
 pub mod api;
 pub mod backoff;
 pub mod cache;
+pub mod certificate;
 pub mod cgroups;
 pub mod clock;
 pub mod cm;

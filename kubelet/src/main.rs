@@ -107,8 +107,19 @@ struct Flags {
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
     /// kubeconfig of the API server to join; without it evlet runs standalone.
+    /// With --bootstrap-kubeconfig it is written by evlet, naming
+    /// `<root-dir>/pki/kubelet-client-current.pem`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// kubeconfig (a bootstrap token) to request a client certificate with
+    /// when the --kubeconfig file is missing or its certificate unusable
+    /// (TLS bootstrap, as upstream's).
+    #[arg(long)]
+    bootstrap_kubeconfig: Option<PathBuf>,
+    /// Request a new client certificate when 70–90 % of the current one's
+    /// lifetime has passed (overrides `rotateCertificates`; default false).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    rotate_certificates: Option<bool>,
     /// Pods this node runs at most (admission, and the node's `pods` capacity).
     #[arg(long)]
     max_pods: Option<u32>,
@@ -176,11 +187,47 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn effective(flags: Flags) -> Result<Config> {
+/// TLS bootstrap and rotation, as the flags and the config file ask.
+#[derive(Debug, Clone)]
+struct Certificates {
+    /// `--bootstrap-kubeconfig`.
+    bootstrap_kubeconfig: Option<PathBuf>,
+    /// `rotateCertificates`.
+    rotate: bool,
+    /// `serverTLSBootstrap`.
+    server_tls_bootstrap: bool,
+}
+
+impl Certificates {
+    fn from(flags: &Flags, file: &KubeletConfiguration) -> Result<Self> {
+        let c = Self {
+            bootstrap_kubeconfig: flags.bootstrap_kubeconfig.clone(),
+            rotate: flags
+                .rotate_certificates
+                .or(file.rotate_certificates)
+                .unwrap_or(false),
+            server_tls_bootstrap: file.server_tls_bootstrap.unwrap_or(false),
+        };
+        if flags.kubeconfig.is_none() {
+            if c.bootstrap_kubeconfig.is_some() {
+                anyhow::bail!(
+                    "--bootstrap-kubeconfig needs --kubeconfig: the file the node's kubeconfig is written to"
+                );
+            }
+            if c.server_tls_bootstrap {
+                anyhow::bail!("serverTLSBootstrap needs an API server (--kubeconfig)");
+            }
+        }
+        Ok(c)
+    }
+}
+
+fn effective(flags: Flags) -> Result<(Config, Certificates)> {
     let mut file = match &flags.config {
         Some(path) => KubeletConfiguration::load(path)?,
         None => KubeletConfiguration::default(),
     };
+    let certificates = Certificates::from(&flags, &file)?;
     // The eviction flags override the file's fields, as upstream's do.
     let pairs = |flag: &str, v: &Option<String>, sep: char| {
         v.as_deref()
@@ -316,7 +363,10 @@ fn effective(flags: Flags) -> Result<Config> {
             .unwrap_or("cgroupfs"),
     )
     .map_err(anyhow::Error::msg)?;
-    Ok(Config {
+    if certificates.server_tls_bootstrap && secure.is_some() && file.tls_cert_file.is_some() {
+        tracing::warn!("serverTLSBootstrap: tlsCertFile and tlsPrivateKeyFile are not served");
+    }
+    let config = Config {
         node_name: config::node_name(flags.hostname_override.as_deref()),
         root_dir: flags.root_dir,
         pod_manifest_path: flags.pod_manifest_path.or(file.static_pod_path),
@@ -368,7 +418,45 @@ fn effective(flags: Flags) -> Result<Config> {
         single_process_oom_kill: file.single_process_oom_kill,
         node_labels,
         secure,
-    })
+    };
+    Ok((config, certificates))
+}
+
+/// The API client (with TLS bootstrap and rotation as asked).
+async fn connect(
+    kubeconfig: &std::path::Path,
+    certificates: &Certificates,
+    config: &mut Config,
+    shutdown: &CancellationToken,
+) -> Result<evlet::api::ApiClient> {
+    let serving = certificates.server_tls_bootstrap && config.secure.is_some();
+    if serving && config.node_ip.is_none() {
+        // The serving certificate names the node's IP: the same one the
+        // agent would detect and report.
+        match config::detect_node_ip(&config.node_name) {
+            Ok(ip) => config.node_ip = Some(ip),
+            Err(e) => {
+                tracing::warn!(error = %e, "serverTLSBootstrap: no node IP for the serving certificate")
+            }
+        }
+    }
+    let credentials = evlet::api::Credentials {
+        bootstrap_kubeconfig: certificates.bootstrap_kubeconfig.clone(),
+        rotate_certificates: certificates.rotate,
+        server_tls_bootstrap: serving.then(|| {
+            (
+                vec![config::hostname()],
+                config
+                    .node_ip
+                    .iter()
+                    .filter_map(|ip| ip.parse().ok())
+                    .collect(),
+            )
+        }),
+        cert_dir: evlet::certificate::default_cert_dir(&config.root_dir),
+        requested_duration: None,
+    };
+    Ok(evlet::api::ApiClient::join(kubeconfig, &config.node_name, &credentials, shutdown).await?)
 }
 
 fn main() -> Result<()> {
@@ -402,17 +490,17 @@ fn main() -> Result<()> {
     } else {
         evlet::node_lock::NodeLock::acquire(&lock_file)?
     };
-    let mut config = effective(flags)?;
+    let (mut config, certificates) = effective(flags)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         #[cfg(target_env = "gnu")]
         tokio::spawn(evlet::heap::trim_after_bursts());
-        if let Some(path) = &kubeconfig {
-            config.api = Some(evlet::api::ApiClient::from_kubeconfig(path).await?);
-        }
         let shutdown = CancellationToken::new();
+        if let Some(path) = &kubeconfig {
+            config.api = Some(connect(path, &certificates, &mut config, &shutdown).await?);
+        }
         let contended = CancellationToken::new();
         let _watcher = if exit_on_contention {
             Some(lock.watch_contention(contended.clone())?)

@@ -367,6 +367,8 @@ pub struct Metrics {
     pub image_garbage_collected: IntCounterVec,
     /// The API client's requests.
     pub rest_client: rest::RestClientMetrics,
+    /// The client and serving certificates (TLS bootstrap and rotation).
+    pub certificates: CertificateMetrics,
     /// PVC volume statistics, refreshed at each scrape.
     pub volume_stats: VolumeStatsGauges,
     /// `process_*`, refreshed at each scrape.
@@ -466,6 +468,146 @@ impl VolumeStatsGauges {
     }
 }
 
+/// Upstream's certificate rotation buckets: a minute to four years.
+const CERTIFICATE_AGE_BUCKETS: &[f64] = &[
+    60.0,
+    3600.0,
+    14400.0,
+    86400.0,
+    604800.0,
+    2592000.0,
+    7776000.0,
+    15552000.0,
+    31104000.0,
+    124416000.0,
+];
+
+/// The certificate manager's metrics, upstream's names. Made before the
+/// agent (the manager starts first) and registered by
+/// [`Metrics::with_clients`]; the TTL gauges are computed at each scrape from
+/// the expiry the manager sets (+Inf without a certificate, as upstream's).
+#[derive(Debug, Clone)]
+pub struct CertificateMetrics {
+    /// Failed client certificate requests.
+    pub client_renew_errors: IntCounter,
+    /// Seconds until the client certificate expires.
+    pub client_ttl: Gauge,
+    /// Failed serving certificate requests.
+    pub server_renew_errors: IntCounter,
+    /// Seconds until the serving certificate expires.
+    pub server_ttl: Gauge,
+    /// How long serving certificates lived before they were rotated.
+    pub server_rotation: Histogram,
+    /// The client certificate's expiry, Unix seconds; `i64::MIN`: none.
+    client_expiry: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    /// The serving certificate's.
+    server_expiry: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Default for CertificateMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CertificateMetrics {
+    /// New, unregistered metrics.
+    pub fn new() -> Self {
+        let alpha = |help: &str| format!("{ALPHA}{help}");
+        let none = || std::sync::Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN));
+        Self {
+            client_renew_errors: expect_valid(IntCounter::new(
+                "kubelet_certificate_manager_client_expiration_renew_errors",
+                alpha("Counter of certificate renewal errors."),
+            )),
+            client_ttl: expect_valid(Gauge::new(
+                "kubelet_certificate_manager_client_ttl_seconds",
+                alpha(
+                    "Gauge of the TTL (time-to-live) of the Kubelet's client certificate. The value is in seconds until certificate expiry (negative if already expired). If client certificate is invalid or unused, the value will be +INF.",
+                ),
+            )),
+            server_renew_errors: expect_valid(IntCounter::new(
+                "kubelet_server_expiration_renew_errors",
+                alpha("Counter of certificate renewal errors."),
+            )),
+            server_ttl: expect_valid(Gauge::new(
+                "kubelet_certificate_manager_server_ttl_seconds",
+                alpha(
+                    "Gauge of the shortest TTL (time-to-live) of the Kubelet's serving certificate. The value is in seconds until certificate expiry (negative if already expired). If serving certificate is invalid or unused, the value will be +INF.",
+                ),
+            )),
+            server_rotation: expect_valid(Histogram::with_opts(
+                HistogramOpts::new(
+                    "kubelet_certificate_manager_server_rotation_seconds",
+                    alpha(
+                        "Histogram of the number of seconds the previous certificate lived before being rotated.",
+                    ),
+                )
+                .buckets(CERTIFICATE_AGE_BUCKETS.to_vec()),
+            )),
+            client_expiry: none(),
+            server_expiry: none(),
+        }
+    }
+
+    fn register(self, c: &mut Catalog) -> Self {
+        Self {
+            client_renew_errors: c.add(Kind::Counter, self.client_renew_errors),
+            client_ttl: c.add(Kind::Gauge, self.client_ttl),
+            server_renew_errors: c.add(Kind::Counter, self.server_renew_errors),
+            server_ttl: c.add(Kind::Gauge, self.server_ttl),
+            server_rotation: c.add_with_buckets(
+                Kind::Histogram,
+                self.server_rotation,
+                CERTIFICATE_AGE_BUCKETS,
+            ),
+            client_expiry: self.client_expiry,
+            server_expiry: self.server_expiry,
+        }
+    }
+
+    /// The client certificate in use expires then (None: there is none).
+    pub fn set_client_expiry(&self, not_after: Option<std::time::SystemTime>) {
+        self.client_expiry.store(
+            unix_or_none(not_after),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The serving certificate in use expires then (None: there is none).
+    pub fn set_server_expiry(&self, not_after: Option<std::time::SystemTime>) {
+        self.server_expiry.store(
+            unix_or_none(not_after),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Sets the TTL gauges for `now`.
+    pub fn refresh(&self, now: std::time::SystemTime) {
+        let now = unix_or_none(Some(now));
+        for (expiry, gauge) in [
+            (&self.client_expiry, &self.client_ttl),
+            (&self.server_expiry, &self.server_ttl),
+        ] {
+            let at = expiry.load(std::sync::atomic::Ordering::Relaxed);
+            gauge.set(if at == i64::MIN {
+                f64::INFINITY
+            } else {
+                // Whole seconds, as upstream truncates.
+                at.saturating_sub(now) as f64
+            });
+        }
+    }
+}
+
+fn unix_or_none(t: Option<std::time::SystemTime>) -> i64 {
+    let Some(t) = t else { return i64::MIN };
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -481,6 +623,15 @@ impl Metrics {
 
     /// Creates and registers every metric, with the API client's.
     pub fn with_rest_client(rest_client: rest::RestClientMetrics) -> Self {
+        Self::with_clients(rest_client, CertificateMetrics::new())
+    }
+
+    /// Creates and registers every metric, with the API client's requests
+    /// and its certificates'.
+    pub fn with_clients(
+        rest_client: rest::RestClientMetrics,
+        certificates: CertificateMetrics,
+    ) -> Self {
         let mut c = Catalog::default();
         let alpha = |help: &str| format!("{ALPHA}{help}");
         let rt = runtime_buckets();
@@ -658,6 +809,7 @@ impl Metrics {
                 requests: c.add(Kind::Counter, rest_client.requests),
                 duration: c.add_with_buckets(Kind::Histogram, rest_client.duration, REST_BUCKETS),
             },
+            certificates: certificates.register(&mut c),
             volume_stats: VolumeStatsGauges::new(&mut c),
             process: process::ProcessMetrics::new(&mut c),
             probes: ProbeMetrics::new(),
@@ -668,6 +820,7 @@ impl Metrics {
     /// `/metrics` in the text format, `process_*` read just now.
     pub fn encode(&self) -> String {
         self.process.refresh();
+        self.certificates.refresh(std::time::SystemTime::now());
         self.catalog.encode()
     }
 
@@ -709,6 +862,27 @@ mod tests {
         );
         assert!(text.contains("# HELP kubelet_pleg_discard_events [ALPHA] "));
         assert!(text.contains("process_resident_memory_bytes "));
+    }
+
+    #[test]
+    fn certificate_ttls_are_infinite_until_a_certificate_is_in_use() {
+        let m = Metrics::new();
+        let text = m.encode();
+        // The prometheus crate writes +Inf as `inf`, which Prometheus' parser reads.
+        assert!(
+            text.contains("\nkubelet_certificate_manager_client_ttl_seconds inf\n"),
+            "{text}"
+        );
+        let now = std::time::SystemTime::now();
+        m.certificates
+            .set_server_expiry(Some(now + std::time::Duration::from_secs(3600)));
+        m.certificates.refresh(now);
+        assert_eq!(m.certificates.server_ttl.get(), 3600.0);
+        m.certificates
+            .set_server_expiry(Some(now - std::time::Duration::from_secs(5)));
+        m.certificates.refresh(now);
+        assert_eq!(m.certificates.server_ttl.get(), -5.0);
+        assert!(text.contains("# TYPE kubelet_server_expiration_renew_errors counter"));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! TLS of the secured port (rustls): `tlsCertFile`/`tlsPrivateKeyFile`, or a
 //! self-signed certificate for the node's names and IPs kept under
 //! `<root-dir>/pki` (upstream's `kubelet.crt`/`kubelet.key`, made once and
-//! reused); client certificates verified against `clientCAFile` when it is
-//! set (requested, not required: a client without one may use a token).
+//! reused), or with `serverTLSBootstrap` whatever the certificate manager
+//! holds at each handshake ([`server_config_with`]); client certificates
+//! verified against `clientCAFile` when it is set (requested, not required:
+//! a client without one may use a token).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -164,13 +166,40 @@ fn time_of(unix: u64) -> time::OffsetDateTime {
 /// # Errors
 /// [`TlsError`] naming the file.
 pub fn server_config(s: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let (cert_file, key_file) = cert_files(s)?;
     let certs = read_certs(&cert_file)?;
     let key = read_key(&key_file)?;
+    let mut config = builder(s.client_ca_file.as_deref())?.with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The server configuration with the certificate `resolver` gives at each
+/// handshake (`serverTLSBootstrap`: the certificate manager's, swapped
+/// without a restart; none yet fails the handshake, as upstream's), HTTP/1.1
+/// and client certificates as [`server_config`].
+///
+/// # Errors
+/// [`TlsError`] naming the client CA file.
+pub fn server_config_with(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    client_ca_file: Option<&Path>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let mut config = builder(client_ca_file)?.with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// TLS versions and client authentication: certificates signed by
+/// `client_ca_file` requested, not required.
+fn builder(
+    client_ca_file: Option<&Path>,
+) -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>, TlsError>
+{
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?;
-    let builder = match &s.client_ca_file {
+    Ok(match client_ca_file {
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
             for c in read_certs(ca)? {
@@ -188,10 +217,7 @@ pub fn server_config(s: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, TlsEr
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
-    };
-    let mut config = builder.with_single_cert(certs, key)?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    })
 }
 
 /// The user a verified client certificate names: its CN, and its O values as groups.
@@ -253,6 +279,101 @@ mod tests {
             .and_then(|c| c.as_str().ok())
             .expect("cn");
         assert!(cn.starts_with("node-1@"), "{cn}");
+    }
+
+    /// A CA and a leaf for `node-1` it signed (PEM chain, key).
+    fn ca_and_leaf() -> (rcgen::Certificate, rcgen::KeyPair) {
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        (ca.self_signed(&ca_key).expect("ca"), ca_key)
+    }
+
+    fn leaf(
+        ca: &(rcgen::Certificate, rcgen::KeyPair),
+        cn: &str,
+    ) -> crate::certificate::current::Issued {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(vec!["node-1".to_owned()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let cert = params.signed_by(&key, &ca.0, &ca.1).expect("leaf");
+        let pair = crate::certificate::store::parse_pair(
+            cert.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+            Path::new("/leaf.pem"),
+        )
+        .expect("pair");
+        crate::certificate::current::Issued::from_pair(pair).expect("issued")
+    }
+
+    /// The CN of the certificate the server at `addr` shows, or the handshake error.
+    async fn served_cn(
+        addr: std::net::SocketAddr,
+        ca: &rcgen::Certificate,
+    ) -> Result<String, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der().clone()).expect("root");
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("node-1").expect("name");
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        let der = tls.get_ref().1.peer_certificates().expect("certs")[0].clone();
+        let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).expect("x509");
+        Ok(cert
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|c| c.as_str().ok())
+            .expect("cn")
+            .to_owned())
+    }
+
+    #[tokio::test]
+    async fn the_bootstrapped_serving_certificate_is_swapped_in_without_a_restart() {
+        use crate::certificate::current::{Cell, ServingResolver};
+        let cell = Arc::new(Cell::default());
+        let config =
+            server_config_with(Arc::new(ServingResolver(Arc::clone(&cell))), None).expect("config");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut tls) = acceptor.accept(tcp).await {
+                        use tokio::io::AsyncWriteExt as _;
+                        let _ = tls.shutdown().await;
+                    }
+                });
+            }
+        });
+        let ca = ca_and_leaf();
+        let refused = served_cn(addr, &ca.0)
+            .await
+            .expect_err("no certificate yet");
+        assert!(!refused.is_empty());
+        cell.set(leaf(&ca, "first"));
+        assert_eq!(served_cn(addr, &ca.0).await.as_deref(), Ok("first"));
+        cell.set(leaf(&ca, "second"));
+        assert_eq!(served_cn(addr, &ca.0).await.as_deref(), Ok("second"));
+        server.abort();
     }
 
     #[test]
