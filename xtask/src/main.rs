@@ -59,6 +59,10 @@ enum Task {
         /// containerd line for the node.
         #[arg(long, default_value = "1.6")]
         containerd: Version,
+        /// Also bring up the local upstream control plane (`cluster up`) of
+        /// this version and join it as its node.
+        #[arg(long, num_args = 0..=1, default_missing_value = "1.34")]
+        cluster: Option<cluster::Version>,
         /// Stop evlet after this many seconds (default: run until Ctrl-C).
         #[arg(long)]
         duration: Option<u64>,
@@ -107,9 +111,10 @@ fn main() -> Result<()> {
         }
         Task::Run {
             containerd,
+            cluster,
             duration,
             args,
-        } => run::run(containerd, duration, &args),
+        } => run::run(containerd, cluster, duration, &args),
         Task::Test(options) => test::test(&options),
         Task::Bench(options) => bench::bench(&options),
         Task::Fuzz(options) => fuzz::fuzz(&options).map(|_| ()),

@@ -1,5 +1,10 @@
 //! `cargo xtask run`: evlet's main job on a local default: a private containerd
-//! and the example static pods of `deploy/examples`.
+//! and the example static pods of `deploy/examples`. With `--cluster`, also
+//! the local upstream control plane (`cargo xtask cluster up`), which evlet
+//! joins as its node the way an upstream kubelet joins a cluster: a bootstrap
+//! token, a client certificate from a CSR the controller-manager approves, and
+//! a serving certificate from a `kubelet-serving` CSR that this task approves
+//! as a cluster's operator would.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -10,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::cluster::{Cluster, Version as ClusterVersion};
 use crate::containerd::Version;
 use crate::node::Node;
 use crate::{paths, setup, sh};
@@ -79,16 +85,99 @@ fn stop_evlet(child: &mut std::process::Child) -> Result<()> {
     Ok(())
 }
 
-/// Sets up, brings the node up, builds and runs evlet with the example pods.
-/// With `duration`, stops evlet after that long (pods keep running, as with any kubelet).
-pub fn run(version: Version, duration: Option<u64>, args: &[String]) -> Result<()> {
+/// The node name evlet registers (`--hostname-override`).
+const NODE_NAME: &str = "evlet-dev";
+
+/// A value of the cluster's `cluster.env`.
+fn cluster_var(cluster: &Cluster, name: &str) -> Result<String> {
+    let env = std::fs::read_to_string(cluster.env_file())
+        .with_context(|| format!("reading {}", cluster.env_file().display()))?;
+    env.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+        .map(str::to_owned)
+        .with_context(|| format!("{} names no {name}", cluster.env_file().display()))
+}
+
+/// The KubeletConfiguration of a node that joins `cluster`: serving
+/// certificates from the cluster's signer, clients authenticated by the
+/// cluster's CA and tokens, authorized by the API server (upstream's
+/// production set-up, as kubeadm writes it).
+fn cluster_config(cluster: &Cluster) -> String {
+    let ca = cluster.pki().join("ca.crt");
+    format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         rotateCertificates: true\nserverTLSBootstrap: true\n\
+         authentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: true}}\n  x509: {{clientCAFile: {}}}\n\
+         authorization: {{mode: Webhook}}\n",
+        ca.display()
+    )
+}
+
+/// Approves the node's pending `kubelet-serving` CSRs (as a cluster's
+/// operator or approver does: the controller-manager never approves them).
+/// Returns how many it approved.
+fn approve_serving(kubectl: &str, admin: &std::path::Path) -> Result<usize> {
+    let out = sh::output(Command::new(kubectl).arg("--kubeconfig").arg(admin).args([
+        "get",
+        "csr",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.spec.signerName} {.spec.username} {.status.conditions[*].type}{\"\\n\"}{end}",
+    ]))?;
+    let mut approved = 0;
+    for line in out.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if let [name, "kubernetes.io/kubelet-serving", user] = fields.as_slice()
+            && *user == format!("system:node:{NODE_NAME}")
+        {
+            sh::run(
+                Command::new(kubectl)
+                    .arg("--kubeconfig")
+                    .arg(admin)
+                    .args(["certificate", "approve", name]),
+            )?;
+            approved += 1;
+        }
+    }
+    Ok(approved)
+}
+
+/// Sets up, brings the node up (and with `cluster` the control plane), builds
+/// and runs evlet with the example pods. With `duration`, stops evlet after
+/// that long (pods keep running, as with any kubelet).
+pub fn run(
+    version: Version,
+    cluster: Option<ClusterVersion>,
+    duration: Option<u64>,
+    args: &[String],
+) -> Result<()> {
     setup::setup()?;
     let node = Node::new(version);
     node.up()?;
+    let cluster = cluster.map(Cluster::new);
+    if let Some(cluster) = &cluster {
+        cluster.up()?;
+    }
     sh::run(&mut sh::cargo(&["build", "--locked", "--package", "evlet"]))?;
     let evlet = paths::repo().join("target/debug/evlet");
     let root = node.dir.join("evlet");
     let mut cmd = Command::new(&evlet);
+    let mut kubectl = None;
+    if let Some(cluster) = &cluster {
+        std::fs::create_dir_all(&root)?;
+        let config = root.join("kubelet-config.yaml");
+        std::fs::write(&config, cluster_config(cluster))?;
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--bootstrap-kubeconfig")
+            .arg(cluster.bootstrap_kubeconfig())
+            .arg("--kubeconfig")
+            .arg(root.join("kubelet.kubeconfig"))
+            .args(["--node-ip", "127.0.0.1"]);
+        kubectl = Some((
+            cluster_var(cluster, "EVLET_CLUSTER_KUBECTL")?,
+            cluster.admin_kubeconfig(),
+        ));
+    }
     cmd.arg("--container-runtime-endpoint")
         .arg(node.endpoint())
         .arg("--pod-manifest-path")
@@ -99,7 +188,7 @@ pub fn run(version: Version, duration: Option<u64>, args: &[String]) -> Result<(
             "--cgroup-root",
             &node.cgroup_root(),
             "--hostname-override",
-            "evlet-dev",
+            NODE_NAME,
             "--address",
             ADDRESS,
         ])
@@ -115,7 +204,11 @@ pub fn run(version: Version, duration: Option<u64>, args: &[String]) -> Result<(
     let mut child = cmd.spawn().context("cannot start evlet")?;
     let started = Instant::now();
     let mut shown = false;
+    let mut serving_approved = kubectl.is_none();
     loop {
+        if !serving_approved && let Some((kubectl, admin)) = &kubectl {
+            serving_approved = approve_serving(kubectl, admin).unwrap_or(0) > 0;
+        }
         if stop.load(Ordering::Relaxed) {
             stop_evlet(&mut child)?;
             eprintln!("evlet stopped; the node and its pods keep running");
@@ -135,6 +228,21 @@ pub fn run(version: Version, duration: Option<u64>, args: &[String]) -> Result<(
                 "evlet is running the example pods (http://{ADDRESS}/pods, /healthz, /metrics):\n{text}"
             );
             println!("{}", get("/healthz").unwrap_or_default().trim_end());
+            if let Some((kubectl, admin)) = &kubectl {
+                let nodes = sh::output(
+                    Command::new(kubectl)
+                        .arg("--kubeconfig")
+                        .arg(admin)
+                        .args(["get", "nodes,pods", "-A", "-o", "wide"]),
+                )
+                .unwrap_or_default();
+                println!(
+                    "evlet joined the local control plane as node {NODE_NAME} in {:.1} s:\n{nodes}\n\
+                     Try: {kubectl} --kubeconfig {} get nodes,pods -A",
+                    started.elapsed().as_secs_f64(),
+                    admin.display()
+                );
+            }
             println!(
                 "Ctrl-C stops evlet; `cargo xtask node down --containerd {version}` removes the node and its pods."
             );
