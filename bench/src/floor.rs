@@ -1,6 +1,6 @@
 //! The runtime's floor: what starting pods costs when only CRI calls are made.
 //!
-//! [`start`] starts N pods straight over CRI with the parallelism evlet's pod
+//! [`measure`] starts N pods straight over CRI with the parallelism evlet's pod
 //! workers have (one task per pod, at most `parallel` starting at once, as
 //! evlet's `--max-parallel-pod-starts`): `RunPodSandbox` and
 //! `PodSandboxStatus` (for the IP, as evlet and upstream read it), then
@@ -11,6 +11,11 @@
 //! of "kill → replacement running" for an agent that knows of the death at
 //! once (the runtime handles the old container's exit meanwhile, as it does
 //! under evlet).
+//!
+//! The kills keep evlet's pace ([`crate::schedule`]): the first comes
+//! [`crate::schedule::quiet_before_kills`] after the start, as evlet's do
+//! after its batch start, and each is followed by a
+//! [`crate::schedule::kill_gap`], as each of evlet's is.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,7 +41,8 @@ pub struct Floor {
     pub start_total: Duration,
     /// containerd's own CPU time over that start.
     pub start_containerd_cpu: Duration,
-    /// SIGKILL of a container's init → its replacement created and started, at density N.
+    /// SIGKILL of a container's init → its replacement created and started,
+    /// at density N and at evlet's pace of kills; `None` without samples.
     pub kill_replacement: Option<Summary>,
 }
 
@@ -145,8 +151,12 @@ pub struct Spec<'a> {
     pub image: &'a str,
     /// Pods started at once.
     pub n: usize,
-    /// Kill → replacement samples after the start.
+    /// Kill → replacement samples after the start (none in a round that
+    /// only times the start).
     pub samples: usize,
+    /// The wait from the start's end to the first kill: the round's
+    /// [`crate::schedule::quiet_before_kills`], as evlet waits.
+    pub quiet: Duration,
     /// Pods starting at most at once.
     pub parallel: usize,
     /// containerd's PID, for its CPU time over the start.
@@ -154,8 +164,9 @@ pub struct Spec<'a> {
 }
 
 /// Starts `n` pods over CRI at once and times it (and containerd's CPU time
-/// over it); then `samples` single container starts at
-/// that density. Cleans up after itself.
+/// over it); then, `quiet` later, `samples` kills at that density, each
+/// answered by its replacement at once and followed by a
+/// [`crate::schedule::kill_gap`]. Cleans up after itself.
 ///
 /// # Errors
 /// A CRI failure (the floor pods are removed either way by [`cleanup`]).
@@ -166,6 +177,7 @@ pub async fn measure(client: &RuntimeClient, spec: &Spec<'_>) -> Result<Floor> {
         image,
         n,
         samples,
+        quiet,
         parallel,
         containerd_pid,
     } = spec;
@@ -196,6 +208,9 @@ pub async fn measure(client: &RuntimeClient, spec: &Spec<'_>) -> Result<Floor> {
     let start_total = started.elapsed();
     let start_containerd_cpu = crate::process_cpu(containerd_pid)?.saturating_sub(cpu0);
     let mut lat = Vec::new();
+    if samples > 0 {
+        tokio::time::sleep(quiet).await;
+    }
     for (k, (pod, started)) in started_pods.iter().take(samples).enumerate() {
         let pid = client
             .container_pid(&started.container)
@@ -213,6 +228,7 @@ pub async fn measure(client: &RuntimeClient, spec: &Spec<'_>) -> Result<Floor> {
         )
         .await?;
         lat.push(t.elapsed());
+        tokio::time::sleep(crate::schedule::kill_gap()).await;
     }
     Ok(Floor {
         start_total,

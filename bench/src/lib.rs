@@ -1,10 +1,22 @@
 //! Shared pieces of evlet's benchmarks: order statistics, CPU and memory
 //! readers (`/proc`, cgroup2 `cpu.stat`), the agent under test as a child
 //! process with a small client for its local HTTP endpoint, and the report
-//! writers (`report`); `floor`: the runtime's own start floor over CRI.
+//! writers (`report`).
+//!
+//! The PLEG modes benchmark's parts: `pods` (its static pods), `schedule`
+//! (its rounds, and the pace of kills shared by evlet and the floor),
+//! `watch` (a pod as the agent shows it), `kills` (container kills), `oom`
+//! (OOM kills), `cri_calls` (what a relist's CRI calls cost), `floor` (the
+//! runtime's own floor over CRI).
 
+pub mod cri_calls;
 pub mod floor;
+pub mod kills;
+pub mod oom;
+pub mod pods;
 pub mod report;
+pub mod schedule;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -1,12 +1,17 @@
 //! The benchmark's results: JSON (everything, with raw samples), a Markdown
-//! table per pod count with ratios against `ebpf`, and a PNG chart.
+//! table per pod count with ratios against `ebpf` ([`markdown`]), and a PNG
+//! chart ([`chart`]); rounds of one pod count merged into one result.
 
-use std::fmt::Write as _;
+mod chart;
+mod markdown;
+
 use std::path::Path;
 
-use anyhow::{Context as _, Result};
-use plotters::prelude::*;
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
+
+pub use chart::{chart, register_font};
+pub use markdown::markdown;
 
 use crate::{Summary, median};
 
@@ -55,7 +60,10 @@ pub struct Floor {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_start: Option<Summary>,
     /// SIGKILL of a container's init → its replacement created and started
-    /// over CRI at once: the floor of "kill → replacement running".
+    /// over CRI at once: the floor of "kill → replacement running". The kills
+    /// keep evlet's pace (`schedule`: as long after the start, the same gap
+    /// after each); results before that pace was shared killed back to back
+    /// as soon as the start ended.
     #[serde(default)]
     pub kill_replacement: Option<Summary>,
     /// containerd's own CPU time during the start (seconds), to compare with
@@ -79,6 +87,36 @@ pub struct Machine {
     pub evlet_profile: String,
 }
 
+impl Machine {
+    /// This host: its kernel, CPUs and memory, with the runtime's version
+    /// (`containerd`) and evlet's build `profile` as the caller knows them.
+    pub fn here(containerd: String, profile: &str) -> Self {
+        let memory_kib: f64 = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines().find_map(|l| {
+                    l.strip_prefix("MemTotal:")?
+                        .trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+            })
+            .unwrap_or(0.0);
+        Self {
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            memory_gib: memory_kib / 1024.0 / 1024.0,
+            containerd,
+            evlet_profile: profile.to_owned(),
+        }
+    }
+}
+
 /// One PLEG mode at one pod count.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Run {
@@ -92,9 +130,15 @@ pub struct Run {
     pub start_total_s: f64,
     /// Each round's `start_total_s`, when this pod count ran in rounds (a
     /// fresh agent and pods each, as the floor's rounds; the idle window and
-    /// the CRI calls are measured in the first only).
+    /// the CRI calls are measured in the first only). Empty: a single run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub start_total_rounds_s: Vec<f64>,
+    /// How many of the rounds had kills and OOM kills, whose samples the
+    /// latencies pool; the others only timed the batch start
+    /// (`--start-rounds`). 0 in results from before it was counted, where
+    /// every round killed.
+    #[serde(default)]
+    pub kill_rounds: usize,
     /// Manifest written → that pod's container started.
     pub start_per_pod: Option<Summary>,
     /// Manifests written → every container running in `/metrics` (seconds,
@@ -125,8 +169,18 @@ pub struct Run {
     pub kill_to_event: Option<Summary>,
     /// SIGKILL → `/pods/<ns>/<name>` shows the container terminated.
     pub kill_to_status: Option<Summary>,
-    /// SIGKILL → CRI `ContainerStatus` says EXITED (the runtime's floor).
+    /// SIGKILL → CRI `ContainerStatus` says EXITED, on every observed kill:
+    /// the floor of any agent that reads the runtime. In `ebpf` the agent is
+    /// already creating the replacement meanwhile, which loads the runtime.
     pub kill_to_runtime: Option<Summary>,
+    /// containerd's own exit lag: SIGKILL → CRI says EXITED, on the observed
+    /// kills where it did so no later than `/pods` showed the kill, so before
+    /// the agent began the replacement (`kills::exit_lag_before_agent`).
+    /// In `generic` that is every kill (its relist reads the exit from CRI),
+    /// in `ebpf` none (its status comes first): the figure to quote is
+    /// `generic`'s.
+    #[serde(default)]
+    pub runtime_exit_lag: Option<Summary>,
     /// SIGKILL → the pod's replacement container running in `/pods`.
     #[serde(default)]
     pub kill_to_replacement: Option<Summary>,
@@ -154,6 +208,10 @@ pub struct Run {
     /// pods one poll takes longer than the agent does).
     #[serde(default)]
     pub oom_exit_to_published: Option<Summary>,
+    /// Every OOM kill with the delay its hog waited before allocating, drawn
+    /// per pod (`oom::HOG_DELAY_MS`), in the order they ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub oom_samples: Vec<OomSample>,
     /// Anything that went wrong in this run (a failed kill, a timeout).
     pub errors: Vec<String>,
     /// Kills and OOM kills whose status took longer than
@@ -166,10 +224,27 @@ pub struct Run {
 /// A kill slower than this to the status has its timeline kept ([`Run::slow`]).
 pub const SLOW_MS: f64 = 10.0;
 
+/// One OOM kill: its hog's delay, with the latencies it gave (None where
+/// the figure did not come: an error, or a mode without kernel records).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OomSample {
+    /// The pod (`oom<k>-<node>`).
+    pub pod: String,
+    /// The hog's wait after its container started, before it allocated (ms).
+    pub hog_delay_ms: u64,
+    /// The kernel's first OOM message → `OOMKilled` in `/pods` (ms).
+    pub to_status_ms: Option<f64>,
+    /// The victim's exit (kernel) → `OOMKilled` in `/pods` (ms).
+    pub exit_to_status_ms: Option<f64>,
+    /// The victim's exit → evlet published `OOMKilled` (timeline, ms).
+    pub exit_to_published_ms: Option<f64>,
+}
+
 impl Run {
     /// Rounds of one mode at one pod count as one run: every sample of every
-    /// round; the start figures' medians; the idle figures of the first
-    /// round (the only one with an idle window). `None` without rounds.
+    /// round (start-only rounds have none but the starts'); the start
+    /// figures' medians; the idle figures of the first round (the only one
+    /// with an idle window). `None` without rounds.
     pub fn merge(rounds: Vec<Self>) -> Option<Self> {
         if rounds.len() < 2 {
             return rounds.into_iter().next();
@@ -187,6 +262,9 @@ impl Run {
             kill_to_event: all(|r| &r.kill_to_event),
             kill_to_status: all(|r| &r.kill_to_status),
             kill_to_runtime: all(|r| &r.kill_to_runtime),
+            runtime_exit_lag: all(|r| &r.runtime_exit_lag),
+            kill_rounds: rounds.iter().map(|r| r.kill_rounds).sum(),
+            oom_samples: rounds.iter().flat_map(|r| r.oom_samples.clone()).collect(),
             kill_to_replacement: all(|r| &r.kill_to_replacement),
             kill_to_started: all(|r| &r.kill_to_started),
             oom_to_status_ms: oom_to_status.as_ref().map(|s| s.p50_ms),
@@ -232,242 +310,6 @@ pub struct CriCalls {
     pub concurrent8_calls_per_s: f64,
 }
 
-/// A figure with three significant digits at most, two decimals under 1
-/// (an idle CPU of 0.177 % is not "0.2" against a 0.2 % target).
-fn fmt_ms(v: Option<f64>) -> String {
-    match v {
-        Some(v) if v >= 100.0 => format!("{v:.0}"),
-        Some(v) if v < 1.0 => format!("{v:.2}"),
-        Some(v) => format!("{v:.1}"),
-        None => "–".into(),
-    }
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.1}×", a / b),
-        _ => "–".into(),
-    }
-}
-
-type Metric = (&'static str, fn(&Run) -> Option<f64>);
-
-const METRICS: &[Metric] = &[
-    ("kill → PLEG event p50 (ms)", |r| {
-        Some(r.kill_to_event.as_ref()?.p50_ms)
-    }),
-    ("kill → PLEG event p99 (ms)", |r| {
-        Some(r.kill_to_event.as_ref()?.p99_ms)
-    }),
-    ("kill → status p50 (ms)", |r| {
-        Some(r.kill_to_status.as_ref()?.p50_ms)
-    }),
-    ("kill → status p99 (ms)", |r| {
-        Some(r.kill_to_status.as_ref()?.p99_ms)
-    }),
-    ("kill → status max (ms)", |r| {
-        Some(r.kill_to_status.as_ref()?.max_ms)
-    }),
-    ("kill → replacement running p50 (ms)", |r| {
-        Some(r.kill_to_replacement.as_ref()?.p50_ms)
-    }),
-    ("kill → replacement running p99 (ms)", |r| {
-        Some(r.kill_to_replacement.as_ref()?.p99_ms)
-    }),
-    (
-        "kill → replacement started p50 (ms, timeline, unobserved)",
-        |r| Some(r.kill_to_started.as_ref()?.p50_ms),
-    ),
-    (
-        "kill → replacement started p99 (ms, timeline, unobserved)",
-        |r| Some(r.kill_to_started.as_ref()?.p99_ms),
-    ),
-    ("kill → CRI exited p50 (ms, runtime floor)", |r| {
-        Some(r.kill_to_runtime.as_ref()?.p50_ms)
-    }),
-    ("kill → CRI exited p99 (ms, runtime floor)", |r| {
-        Some(r.kill_to_runtime.as_ref()?.p99_ms)
-    }),
-    ("OOM → OOMKilled p50 (ms)", |r| {
-        r.oom_to_status
-            .as_ref()
-            .map(|s| s.p50_ms)
-            .or(r.oom_to_status_ms)
-    }),
-    ("OOM → OOMKilled p99 (ms)", |r| {
-        Some(r.oom_to_status.as_ref()?.p99_ms)
-    }),
-    ("OOM: init exit (kernel) → OOMKilled p50 (ms)", |r| {
-        Some(r.oom_exit_to_status.as_ref()?.p50_ms)
-    }),
-    ("OOM: init exit (kernel) → OOMKilled p99 (ms)", |r| {
-        Some(r.oom_exit_to_status.as_ref()?.p99_ms)
-    }),
-    (
-        "OOM: init exit (kernel) → OOMKilled published p50 (ms, timeline)",
-        |r| Some(r.oom_exit_to_published.as_ref()?.p50_ms),
-    ),
-    (
-        "OOM: init exit (kernel) → OOMKilled published p99 (ms, timeline)",
-        |r| Some(r.oom_exit_to_published.as_ref()?.p99_ms),
-    ),
-    ("idle evlet CPU (% of a core)", |r| Some(r.evlet_cpu_pct)),
-    ("idle containerd CPU (% of a core)", |r| {
-        Some(r.containerd_cpu_pct)
-    }),
-    ("evlet RSS (MiB)", |r| Some(r.evlet_rss_mib)),
-    ("start per pod p50 (ms)", |r| {
-        Some(r.start_per_pod.as_ref()?.p50_ms)
-    }),
-    ("start per pod p99 (ms)", |r| {
-        Some(r.start_per_pod.as_ref()?.p99_ms)
-    }),
-    ("start all pods (s)", |r| Some(r.start_total_s)),
-    ("start: all running in /metrics (s)", |r| r.start_running_s),
-    ("start: evlet CPU (s)", |r| r.start_evlet_cpu_s),
-    ("start: containerd CPU (s)", |r| r.start_containerd_cpu_s),
-];
-
-/// The Markdown report: one table per pod count.
-pub fn markdown(results: &Results) -> String {
-    let m = &results.machine;
-    let mut out = format!(
-        "Run {} on {} CPUs, {:.0} GiB, kernel {}, {}, evlet {} build{}.\n\
-         Command: `{}`\n",
-        results.started,
-        m.cpus,
-        m.memory_gib,
-        m.kernel,
-        m.containerd,
-        m.evlet_profile,
-        if results.quick {
-            " (--quick: short windows, not for comparison)"
-        } else {
-            ""
-        },
-        results.command
-    );
-    if let Some(failure) = &results.failure {
-        let _ = write!(
-            out,
-            "\n**Stopped early**, at {failure}. The tables hold what was measured before.\n"
-        );
-    }
-    let mut counts: Vec<usize> = results.runs.iter().map(|r| r.pods).collect();
-    counts.dedup();
-    for pods in counts {
-        let runs: Vec<&Run> = results.runs.iter().filter(|r| r.pods == pods).collect();
-        let ebpf = runs.iter().find(|r| r.mode == "ebpf");
-        let others: Vec<&&Run> = runs.iter().filter(|r| r.mode != "ebpf").collect();
-        let _ = write!(out, "\n### {pods} pods\n\n| metric |");
-        for r in &runs {
-            let _ = write!(out, " {} |", r.mode);
-        }
-        for r in &others {
-            let _ = write!(out, " {} ÷ ebpf |", r.mode);
-        }
-        out += "\n|---|";
-        out += &"---:|".repeat(runs.len() + if ebpf.is_some() { others.len() } else { 0 });
-        out += "\n";
-        for (name, get) in METRICS {
-            let _ = write!(out, "| {name} |");
-            for r in &runs {
-                let _ = write!(out, " {} |", fmt_ms(get(r)));
-            }
-            if let Some(e) = ebpf {
-                for r in &others {
-                    let _ = write!(out, " {} |", ratio(get(r), get(e)));
-                }
-            }
-            out += "\n";
-        }
-        let rounds = runs
-            .iter()
-            .map(|r| r.start_total_rounds_s.len())
-            .max()
-            .unwrap_or(0);
-        if rounds > 1 {
-            let list = |v: &[f64]| {
-                v.iter()
-                    .map(|s| format!("{s:.2}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            let mut starts: Vec<String> = runs
-                .iter()
-                .map(|r| format!("{} {}", r.mode, list(&r.start_total_rounds_s)))
-                .collect();
-            if let Some(f) = results.floors.iter().find(|f| f.pods == pods) {
-                starts.push(format!("floor {}", list(&f.start_total_rounds_s)));
-            }
-            let _ = writeln!(
-                out,
-                "\n{rounds} rounds, each with a fresh agent and fresh pods: the start figures are \
-                 the rounds' medians, the latencies pool every round's samples, the idle \
-                 figures are the first round's. Start all pods per round (s): {}.",
-                starts.join("; ")
-            );
-        }
-        let errors: Vec<String> = runs
-            .iter()
-            .flat_map(|r| r.errors.iter().map(move |e| format!("{}: {e}", r.mode)))
-            .collect();
-        if !errors.is_empty() {
-            let _ = writeln!(out, "\nErrors: {}", errors.join("; "));
-        }
-        let slow: Vec<String> = runs
-            .iter()
-            .flat_map(|r| r.slow.iter().map(move |s| format!("- {}: {s}", r.mode)))
-            .collect();
-        if !slow.is_empty() {
-            let _ = writeln!(
-                out,
-                "\nSlower than {} ms to the status, with the pod's timeline from the kill (ms):\n\n{}",
-                SLOW_MS,
-                slow.join("\n")
-            );
-        }
-    }
-    if !results.cri.is_empty() {
-        out += "\n### CRI status calls (PodSandboxStatus + ContainerStatus)\n\n\
-                | pods | sequential calls/s | pair p50 (ms) | pair p99 (ms) | 8 in flight calls/s |\n\
-                |---:|---:|---:|---:|---:|\n";
-        for c in &results.cri {
-            let _ = writeln!(
-                out,
-                "| {} | {:.0} | {} | {} | {:.0} |",
-                c.pods,
-                c.sequential_calls_per_s,
-                fmt_ms(c.pair_latency.as_ref().map(|s| s.p50_ms)),
-                fmt_ms(c.pair_latency.as_ref().map(|s| s.p99_ms)),
-                c.concurrent8_calls_per_s
-            );
-        }
-    }
-    if !results.floors.is_empty() {
-        out += "\n### The runtime's floor (CRI only, evlet's configs and parallelism)\n\n";
-        if let Some(n) = results.parallel_pod_starts {
-            let _ = writeln!(out, "Pods started at once, here and in evlet: {n}.\n");
-        }
-        out += "| pods | start all pods (s) | start: containerd CPU (s) | kill → replacement started p50 (ms) | p99 (ms) |\n\
-                |---:|---:|---:|---:|---:|\n";
-        for f in &results.floors {
-            // Runs before the kill → replacement floor timed a plain create + start.
-            let sample = f.kill_replacement.as_ref().or(f.create_start.as_ref());
-            let _ = writeln!(
-                out,
-                "| {} | {:.1} | {} | {} | {} |",
-                f.pods,
-                f.start_total_s,
-                fmt_ms(f.start_containerd_cpu_s),
-                fmt_ms(sample.map(|s| s.p50_ms)),
-                fmt_ms(sample.map(|s| s.p99_ms)),
-            );
-        }
-    }
-    out
-}
-
 /// Writes `<out>/<name>-<timestamp>.{json,md,png}` (the PNG drawn by
 /// `chart`) and, for a full run, copies them to `latest-<name>.*`.
 ///
@@ -497,141 +339,6 @@ pub fn write_results<T: serde::Serialize>(
             )?;
         }
     }
-    Ok(())
-}
-
-const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-
-/// Registers DejaVu Sans as the charts' `sans-serif` (once per process).
-///
-/// # Errors
-/// If the font file is missing or unusable.
-pub fn register_font() -> Result<()> {
-    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    if DONE.get().is_some() {
-        return Ok(());
-    }
-    let font = std::fs::read(FONT).with_context(|| {
-        format!("reading {FONT} (Debian fonts-dejavu-core; run `cargo xtask setup`)")
-    })?;
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(font.into_boxed_slice()),
-    )
-    .map_err(|_| anyhow::anyhow!("{FONT} is not a usable font"))?;
-    let _ = DONE.set(());
-    Ok(())
-}
-
-fn colour(mode: &str) -> RGBColor {
-    match mode {
-        "ebpf" => RGBColor(0x1b, 0x9e, 0x77),
-        "generic" => RGBColor(0xd9, 0x5f, 0x02),
-        _ => RGBColor(0x75, 0x70, 0xb3),
-    }
-}
-
-/// The chart: kill → status distributions per mode at the largest pod count
-/// (left) and idle evlet CPU against the pod count (right).
-///
-/// # Errors
-/// If the font is missing or the PNG cannot be written.
-pub fn chart(results: &Results, path: &Path) -> Result<()> {
-    register_font()?;
-    let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(700);
-    let modes: Vec<String> = {
-        let mut m: Vec<String> = results.runs.iter().map(|r| r.mode.clone()).collect();
-        m.sort();
-        m.dedup();
-        m
-    };
-    let largest = results.runs.iter().map(|r| r.pods).max().unwrap_or(0);
-
-    let max_ms = results
-        .runs
-        .iter()
-        .filter_map(|r| r.kill_to_status.as_ref().map(|s| s.max_ms))
-        .fold(10.0_f64, f64::max);
-    let mut cdf = ChartBuilder::on(&left)
-        .caption(
-            format!("kill → status, {largest} pods (CDF)"),
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(55)
-        .build_cartesian_2d((1.0_f64..max_ms * 1.5).log_scale(), 0.0_f64..1.0)?;
-    cdf.configure_mesh()
-        .x_desc("milliseconds (log)")
-        .y_desc("fraction of kills")
-        .draw()?;
-    for mode in &modes {
-        let Some(s) = results
-            .runs
-            .iter()
-            .find(|r| r.pods == largest && &r.mode == mode)
-            .and_then(|r| r.kill_to_status.as_ref())
-        else {
-            continue;
-        };
-        let n = s.samples_ms.len() as f64;
-        let points = s
-            .samples_ms
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| (v.max(1.0), (i + 1) as f64 / n));
-        let c = colour(mode);
-        cdf.draw_series(LineSeries::new(points, c.stroke_width(3)))?
-            .label(mode.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
-    }
-    cdf.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()?;
-
-    let max_cpu = results
-        .runs
-        .iter()
-        .map(|r| r.evlet_cpu_pct)
-        .fold(0.1_f64, f64::max);
-    let mut cpu = ChartBuilder::on(&right)
-        .caption("idle evlet CPU vs pods", ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(55)
-        .build_cartesian_2d(
-            (1.0_f64..(largest.max(10) as f64) * 1.5).log_scale(),
-            (0.001_f64..max_cpu * 2.0).log_scale(),
-        )?;
-    cpu.configure_mesh()
-        .x_desc("pods (log)")
-        .y_desc("% of one core (log)")
-        .draw()?;
-    for mode in &modes {
-        let mut points: Vec<(f64, f64)> = results
-            .runs
-            .iter()
-            .filter(|r| &r.mode == mode)
-            .map(|r| (r.pods as f64, r.evlet_cpu_pct.max(0.001)))
-            .collect();
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let c = colour(mode);
-        cpu.draw_series(LineSeries::new(points.clone(), c.stroke_width(3)))?
-            .label(mode.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
-        cpu.draw_series(points.into_iter().map(|p| Circle::new(p, 5, c.filled())))?;
-    }
-    cpu.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()?;
-    root.present()?;
     Ok(())
 }
 
@@ -678,10 +385,63 @@ mod tests {
     }
 
     #[test]
-    fn figures_keep_the_digits_a_target_needs() {
-        assert_eq!(fmt_ms(Some(0.177)), "0.18");
-        assert_eq!(fmt_ms(Some(6.43)), "6.4");
-        assert_eq!(fmt_ms(Some(254.4)), "254");
-        assert_eq!(fmt_ms(None), "–");
+    fn start_only_rounds_add_their_starts_and_leave_the_kill_samples_alone() {
+        let lag = |ms: &[u64]| {
+            Summary::of(
+                &ms.iter()
+                    .map(|&ms| std::time::Duration::from_millis(ms))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let oom = |delay| OomSample {
+            pod: "oom0-bench".into(),
+            hog_delay_ms: delay,
+            to_status_ms: Some(4.0),
+            ..OomSample::default()
+        };
+        let full = Run {
+            pods: 500,
+            start_total_s: 69.0,
+            runtime_exit_lag: lag(&[120, 90]),
+            kill_rounds: 1,
+            oom_samples: vec![oom(737), oom(1204)],
+            evlet_rss_mib: 39.1,
+            ..run(69.0, &[3, 4], 39.1)
+        };
+        let start_only = |s| Run {
+            pods: 500,
+            kill_rounds: 0,
+            errors: Vec::new(),
+            ..run(s, &[], 0.0)
+        };
+        let merged = Run::merge(vec![full, start_only(67.1), start_only(70.4)]).expect("rounds");
+        assert_eq!(merged.start_total_s, 69.0);
+        assert_eq!(merged.start_total_rounds_s, [69.0, 67.1, 70.4]);
+        assert_eq!(merged.kill_rounds, 1);
+        assert_eq!(merged.kill_to_status.expect("kills").n, 2);
+        assert_eq!(
+            merged.runtime_exit_lag.expect("exit lag").samples_ms,
+            [90.0, 120.0]
+        );
+        let delays: Vec<u64> = merged.oom_samples.iter().map(|o| o.hog_delay_ms).collect();
+        assert_eq!(delays, [737, 1204]);
+        assert_eq!(merged.evlet_rss_mib, 39.1);
+    }
+
+    #[test]
+    fn floor_rounds_take_the_median_start() {
+        let floor = |s| Floor {
+            pods: 100,
+            start_total_s: s,
+            start_total_rounds_s: Vec::new(),
+            create_start: None,
+            kill_replacement: None,
+            start_containerd_cpu_s: None,
+        };
+        let merged = Floor::merge(vec![floor(8.9), floor(9.4), floor(8.7)]).expect("rounds");
+        assert_eq!(merged.start_total_s, 8.9);
+        assert_eq!(merged.start_total_rounds_s, [8.9, 9.4, 8.7]);
+        let one = Floor::merge(vec![floor(8.9)]).expect("a round");
+        assert!(one.start_total_rounds_s.is_empty());
     }
 }

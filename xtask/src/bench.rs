@@ -35,6 +35,11 @@ pub struct Options {
     /// (memory-pressure detection, kernel against timer), or `all`.
     #[arg(long, value_enum, default_value = "pleg")]
     suite: Suite,
+    /// Batch starts of the PLEG modes at each pod count, at least: rounds
+    /// past the full ones time only the start, whose figure is then their
+    /// median. Default 3 (1 with `--quick`).
+    #[arg(long)]
+    start_rounds: Option<usize>,
 }
 
 /// The benchmark suites.
@@ -60,6 +65,7 @@ impl Options {
             modes: ["generic", "cri-events", "ebpf"].map(String::from).to_vec(),
             quick: true,
             suite: Suite::All,
+            start_rounds: None,
         }
     }
 }
@@ -91,6 +97,9 @@ pub fn bench(options: &Options) -> Result<()> {
     );
     if options.quick {
         command = "cargo xtask bench --quick".into();
+    }
+    if let Some(n) = options.start_rounds {
+        command += &format!(" --start-rounds {n}");
     }
     let pleg = matches!(options.suite, Suite::Pleg | Suite::All);
     let probe_cost = matches!(options.suite, Suite::Probes | Suite::All);
@@ -138,19 +147,20 @@ pub fn bench(options: &Options) -> Result<()> {
             } else {
                 join(&options.pods)
             };
-            harness(
-                "pleg_modes",
-                vec![
-                    "--pods".into(),
-                    pods,
-                    "--modes".into(),
-                    join(&options.modes),
-                    "--profile".into(),
-                    profile.into(),
-                    "--command".into(),
-                    command.clone(),
-                ],
-            )?;
+            let mut extra = vec![
+                "--pods".into(),
+                pods,
+                "--modes".into(),
+                join(&options.modes),
+                "--profile".into(),
+                profile.into(),
+                "--command".into(),
+                command.clone(),
+            ];
+            if let Some(n) = options.start_rounds {
+                extra.extend(["--start-rounds".into(), n.to_string()]);
+            }
+            harness("pleg_modes", extra)?;
         }
         if probe_cost {
             let command = if options.quick {

@@ -6,28 +6,41 @@
 //!    per pod and total), and → every container running (`/metrics`);
 //! 2. idle CPU of evlet (its own cgroup2 `cpu.stat`) and of containerd (`/proc/<pid>/stat`)
 //!    over a fixed window with N pods running, and evlet's RSS;
-//! 3. container kills at random pods: SIGKILL of the init process (the ground truth)
-//!    → the PLEG's ContainerDied event (evlet's JSON log) and → `/pods/<ns>/<name>`
-//!    showing the container terminated, next to → CRI `ContainerStatus` reporting
-//!    EXITED (polled every 1 ms: the floor of any agent that reads the runtime),
+//! 3. container kills at random pods (`evlet_bench::kills`): SIGKILL of the init
+//!    process (the ground truth) → the PLEG's ContainerDied event (evlet's JSON log)
+//!    and → `/pods/<ns>/<name>` showing the container terminated, next to → CRI
+//!    `ContainerStatus` reporting EXITED (polled every 1 ms: the floor of any agent
+//!    that reads the runtime; on the kills where it came before the agent's status,
+//!    containerd's own exit lag, which `generic` measures unloaded by a replacement),
 //!    and → the pod's replacement container running (`restartPolicy: Always`);
 //!    every other kill is unobserved (nothing polls): kill → the replacement's
-//!    `StartContainer` returned, from evlet's timeline, as the floor times it;
-//! 4. OOM kills (10, one pod each): the kernel's first OOM message on `/dev/kmsg` (the
-//!    head of its report, `invoked oom-killer`) → `OOMKilled` in the pod status, and
-//!    (in `ebpf`) the victim's exit as the kernel recorded it → `OOMKilled`: the
-//!    agent's part, without the kernel's teardown of the victim;
+//!    `StartContainer` returned, from evlet's timeline, as the floor times it. The
+//!    first kill comes `settle` after the batch start (and the idle window, in the
+//!    first round), each kill is followed by a random 100–600 ms gap: the pace
+//!    `evlet_bench::schedule` sets for evlet's kills and the floor's alike;
+//! 4. OOM kills (10, one pod each; `evlet_bench::oom`): the kernel's first OOM message
+//!    on `/dev/kmsg` (the head of its report, `invoked oom-killer`) → `OOMKilled` in the
+//!    pod status, and (in `ebpf`) the victim's exit as the kernel recorded it →
+//!    `OOMKilled`: the agent's part, without the kernel's teardown of the victim. Each
+//!    hog allocates after its own random 0.5–1.5 s, kept with its sample, so the
+//!    samples fall at every phase of `generic`'s 1 s relist;
 //! 5. once per N, the CRI status calls a relist makes (PodSandboxStatus + ContainerStatus)
 //!    against the N real pods: calls/s and latency, one at a time and 8 in flight;
 //! 6. once per N, before the agents, the runtime's floor (`evlet_bench::floor`):
 //!    N pods started straight over CRI with evlet's configs and parallelism, and
 //!    SIGKILL → replacement created and started at that density (the floor of
-//!    kill → replacement).
+//!    kill → replacement), at evlet's pace of kills.
 //!
 //! Small pod counts run in rounds (`--rounds`; 5 at 10 pods): the floor and
 //! every mode again with fresh agents and pods, the samples pooled and the
 //! starts' medians taken, since one 10-pod run gives one start of a second
-//! and five kills of each kind.
+//! and five kills of each kind. Batch starts run at least `--start-rounds`
+//! times (3 in a full run, 1 with `--quick`): rounds past the full ones
+//! start the floor's pods and each mode's, fresh, and time only that, so a
+//! start of 100 pods or more is the median of three (the report says
+//! "single run" where one round ran). The two extra rounds cost two more
+//! batch starts of the floor and of each mode at every count from 100 pods
+//! up (with their cleanups), most of it at 1000 pods.
 //!
 //! Output: `<out>/<timestamp>.json` (with every sample), `.md` (tables with ratios
 //! against `ebpf`) and `.png`; full runs also refresh `latest.*`.
@@ -41,19 +54,16 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
-use evlet_bench::floor;
+use evlet_bench::cri_calls::cri_calls;
+use evlet_bench::pods::{APP, cleanup, manifest, pod_name, write_manifest};
 use evlet_bench::report::{self, CriCalls, Floor, Machine, Results, Run};
-use evlet_bench::{
-    Agent, AgentSpec, Endpoint, NODE, Summary, pleg_events, process_cpu, rss_mib, run_delay,
-};
-use evlet_cri::{
-    ContainerFilter, ContainerId, Options, RuntimeClient, SandboxFilter, SandboxId, api,
-};
+use evlet_bench::schedule::{self, Rounds};
+use evlet_bench::{Agent, AgentSpec, Endpoint, Summary, floor, kills, oom, process_cpu, rss_mib};
+use evlet_cri::{Options, RuntimeClient};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -96,6 +106,12 @@ struct Args {
     /// `--quick`.
     #[arg(long)]
     rounds: Option<usize>,
+    /// Batch starts at each pod count, at least: past `--rounds`, rounds
+    /// that start the floor's pods and every mode's afresh and time only
+    /// that; the start figures are the median. Default 3 (a no-op at 10
+    /// pods, which has 5 full rounds); 1 with `--quick`.
+    #[arg(long)]
+    start_rounds: Option<usize>,
     /// Pods started at once, by evlet (`--max-parallel-pod-starts`) and by the floor.
     #[arg(long, default_value_t = evlet::config::DEFAULT_PARALLEL_POD_STARTS)]
     parallel_pod_starts: usize,
@@ -138,61 +154,15 @@ struct Plan {
     kills: usize,
     ooms: usize,
     idle: Duration,
+    /// From the batch start's end to the idle window, and to the first kill
+    /// (after the idle window in the first round): evlet's and the floor's
+    /// alike (`schedule::quiet_before_kills`).
     settle: Duration,
     cri_window: Duration,
     poll: Duration,
 }
 
 const ADDRESS: &str = "127.0.0.1:10256";
-const APP: &str = "app";
-
-fn pod_name(i: usize) -> String {
-    format!("b{i}-{NODE}")
-}
-
-fn manifest(i: usize, image: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: b{i}}}\nspec:\n  restartPolicy: Always\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: {APP}\n    image: {image}\n    command: [/bin/sleep, '86400']\n"
-    )
-}
-
-fn oom_manifest(k: usize, image: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: oom{k}}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: hog\n    image: {image}\n    command: [/bin/sh, -c, 'sleep 1; exec /bin/memhog 256']\n    resources: {{limits: {{memory: 64Mi}}}}\n"
-    )
-}
-
-fn write_manifest(dir: &Path, name: &str, yaml: &str) -> Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, yaml)?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    Ok(())
-}
-
-/// The first container status of a pod JSON.
-fn first_container(pod: &serde_json::Value) -> &serde_json::Value {
-    &pod["status"]["containerStatuses"][0]
-}
-
-/// Polls one pod until `done` holds; the time it took, or `None` after `limit`.
-async fn poll_pod(
-    http: &Endpoint,
-    name: &str,
-    every: Duration,
-    limit: Duration,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> Option<Instant> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Ok(Some(pod)) = http.json(&format!("/pods/default/{name}")).await
-            && done(&pod)
-        {
-            return Some(Instant::now());
-        }
-        tokio::time::sleep(every).await;
-    }
-    None
-}
 
 /// Writes N manifests at once and waits until every pod runs.
 ///
@@ -326,503 +296,6 @@ async fn idle(agent: &Agent, node: &Node, plan: Plan, run: &mut Run) -> Result<(
     Ok(())
 }
 
-/// Kills the app container of random distinct pods; returns (container ID, kill
-/// wall time) for the event lookup and records kill → status.
-///
-/// The kills alternate between *observed* ones (the pod is polled every 1 ms
-/// in `/pods`, until the status shows the kill and then until the replacement
-/// runs, and its container over CRI: kill → status, → CRI exited,
-/// → replacement running) and *unobserved* ones, where nothing polls while
-/// the agent replaces the container: kill → replacement started is then read
-/// from the agent's timeline, as the floor times it (a 1 ms CRI poll loads
-/// the runtime while it creates and starts the replacement; the floor has none).
-async fn kills(
-    agent: &Agent,
-    client: &RuntimeClient,
-    pods: usize,
-    plan: Plan,
-    run: &mut Run,
-) -> Result<Vec<(String, SystemTime)>> {
-    let mut order: Vec<usize> = (0..pods).collect();
-    fastrand::shuffle(&mut order);
-    let mut killed = Vec::new();
-    let mut to_status = Vec::new();
-    let mut to_runtime = Vec::new();
-    let mut to_replacement = Vec::new();
-    let mut to_started = Vec::new();
-    const LIMIT: Duration = Duration::from_secs(15);
-    for (k, i) in order.into_iter().take(plan.kills * 2).enumerate() {
-        let name = pod_name(i);
-        let Some((id, pid)) = app_container(agent, client, &name, run).await? else {
-            continue;
-        };
-        if k % 2 == 1 {
-            match unobserved_kill(agent, &name, &id, pid, LIMIT).await {
-                Ok(took) => to_started.push(took),
-                Err(e) => run.errors.push(format!("{name}: {e:#}")),
-            }
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(100..600))).await;
-            continue;
-        }
-        let delay0 = Waits::now(agent.pid);
-        let wall = SystemTime::now();
-        let sent = Instant::now();
-        if evlet_bench::sigkill(pid).is_err() {
-            run.errors.push(format!("{name}: kill {pid} failed"));
-            continue;
-        }
-        let cid = ContainerId::new(id.clone());
-        // The kill shows as the old container terminated, or (once the
-        // replacement runs) as its last state.
-        let in_status = poll_pod(&agent.http, &name, Duration::from_millis(1), LIMIT, |p| {
-            let c = first_container(p);
-            (c["state"]["terminated"].is_object()
-                && c["containerID"].as_str().is_some_and(|s| s.ends_with(&id)))
-                || c["lastState"]["terminated"]["containerID"]
-                    .as_str()
-                    .is_some_and(|s| s.ends_with(&id))
-        });
-        let replaced = poll_pod(&agent.http, &name, Duration::from_millis(1), LIMIT, |p| {
-            let c = first_container(p);
-            c["state"]["running"].is_object()
-                && c["containerID"].as_str().is_some_and(|s| !s.ends_with(&id))
-        });
-        // The floor any CRI-based agent has: when the runtime itself reports the exit.
-        let in_runtime = async {
-            while sent.elapsed() < LIMIT {
-                if let Ok(c) = client.container_status(&cid).await
-                    && c.state == api::ContainerState::ContainerExited as i32
-                {
-                    return Some(Instant::now());
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            None
-        };
-        // The replacement is polled once the status has shown the kill, so that
-        // the bench's own requests to the agent do not double while it is timed.
-        let in_agent = async {
-            let seen = in_status.await;
-            let waited = delay0.since(agent.pid);
-            (seen, waited, replaced.await)
-        };
-        let ((seen, waited, replacement), runtime) = tokio::join!(in_agent, in_runtime);
-        if let Some(at) = seen {
-            slow_timeline(agent, &name, "kill", wall, at - sent, waited, run).await;
-        }
-        match replacement {
-            Some(at) => to_replacement.push(at - sent),
-            None => run
-                .errors
-                .push(format!("{name}: no replacement running after {LIMIT:?}")),
-        }
-        match seen {
-            Some(at) => to_status.push(at - sent),
-            None => run
-                .errors
-                .push(format!("{name}: kill not in status after {LIMIT:?}")),
-        }
-        match runtime {
-            Some(at) => to_runtime.push(at - sent),
-            None => run
-                .errors
-                .push(format!("{name}: CRI never reported the exit")),
-        }
-        killed.push((id, wall));
-        // Random phase against any periodic relist.
-        tokio::time::sleep(Duration::from_millis(fastrand::u64(100..600))).await;
-    }
-    run.kill_to_status = Summary::of(&to_status);
-    run.kill_to_runtime = Summary::of(&to_runtime);
-    run.kill_to_replacement = Summary::of(&to_replacement);
-    run.kill_to_started = Summary::of(&to_started);
-    Ok(killed)
-}
-
-/// The ID and init PID of `name`'s app container (None, with the error
-/// recorded, when the pod or its container cannot be found).
-async fn app_container(
-    agent: &Agent,
-    client: &RuntimeClient,
-    name: &str,
-    run: &mut Run,
-) -> Result<Option<(String, u32)>> {
-    let Some(pod) = agent.http.json(&format!("/pods/default/{name}")).await? else {
-        run.errors.push(format!("{name}: not in /pods"));
-        return Ok(None);
-    };
-    let Some(id) = first_container(&pod)["containerID"]
-        .as_str()
-        .map(|s| s.trim_start_matches("containerd://").to_owned())
-    else {
-        run.errors.push(format!("{name}: no container ID"));
-        return Ok(None);
-    };
-    let Some(pid) = client.container_pid(&ContainerId::new(id.clone())).await? else {
-        run.errors.push(format!("{name}: no init pid"));
-        return Ok(None);
-    };
-    Ok(Some((id, pid)))
-}
-
-/// SIGKILL of `name`'s container `id` (init `pid`) with nothing polling the
-/// agent or the runtime; then, from the pod's timeline, the time from the
-/// kill to the agent's `StartContainer` of the replacement returning (what
-/// the floor times: kill → create and start returned).
-async fn unobserved_kill(
-    agent: &Agent,
-    name: &str,
-    id: &str,
-    pid: u32,
-    limit: Duration,
-) -> Result<Duration> {
-    let wall = SystemTime::now();
-    let sent = Instant::now();
-    evlet_bench::sigkill(pid).with_context(|| format!("kill {pid}"))?;
-    let from = wall.duration_since(SystemTime::UNIX_EPOCH)?.as_nanos();
-    let short = id.get(..12).unwrap_or(id);
-    loop {
-        // Well after an ebpf replacement; a generic one is read a few polls later.
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        // Timelines are kept for the 256 pods touched last: at higher densities
-        // a pod idle since its start has none until the agent notices the kill.
-        let timeline = agent
-            .http
-            .json(&format!("/debug/pods/default/{name}/timeline"))
-            .await?;
-        let started = timeline.as_ref().and_then(|t| {
-            first_entry(t, "cri", from, |what| {
-                what.starts_with("StartContainer ")
-                    && what.contains(": ok in ")
-                    && !what.contains(short)
-            })
-        });
-        if let Some(ns) = started {
-            let took = u64::try_from(u128::from(ns) - from).context("a time past u64")?;
-            return Ok(Duration::from_nanos(took));
-        }
-        if sent.elapsed() > limit {
-            bail!("no replacement started {limit:?} after an unobserved kill");
-        }
-    }
-}
-
-/// How long the agent's threads and the bench's own had waited for a CPU
-/// (schedstat `run_delay`, summed over threads), to tell which side a slow
-/// status waited on: a poll is answered only when both get a CPU.
-#[derive(Debug, Clone, Copy)]
-struct Waits {
-    agent: Option<Duration>,
-    bench: Option<Duration>,
-}
-
-impl Waits {
-    fn now(agent: u32) -> Self {
-        Self {
-            agent: run_delay(agent).ok(),
-            bench: run_delay(std::process::id()).ok(),
-        }
-    }
-
-    /// The waits from `self` to now.
-    fn since(self, agent: u32) -> Self {
-        let now = Self::now(agent);
-        let d = |a: Option<Duration>, b: Option<Duration>| Some(b?.saturating_sub(a?));
-        Self {
-            agent: d(self.agent, now.agent),
-            bench: d(self.bench, now.bench),
-        }
-    }
-}
-
-/// Keeps the timeline of a kill (or OOM kill) whose status took `took`,
-/// from `at` (the kill) to the status, when it was slower than
-/// [`report::SLOW_MS`]: which part of the agent the time went to, and how
-/// long (`waited`) the agent's threads and the bench's waited for a CPU
-/// meanwhile.
-async fn slow_timeline(
-    agent: &Agent,
-    name: &str,
-    what: &str,
-    at: SystemTime,
-    took: Duration,
-    waited: Waits,
-    run: &mut Run,
-) {
-    let ms = took.as_secs_f64() * 1000.0;
-    if ms <= report::SLOW_MS {
-        return;
-    }
-    let start = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64);
-    let end = start + took.as_nanos() as i64 + 5_000_000;
-    let entries = match agent
-        .http
-        .json(&format!("/debug/pods/default/{name}/timeline"))
-        .await
-    {
-        Ok(Some(t)) => t["entries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|e| {
-                let ns = e["unixNs"].as_i64()?;
-                (ns >= start - 1_000_000 && ns <= end).then(|| {
-                    format!(
-                        "{:+.1} {} {}",
-                        (ns - start) as f64 / 1e6,
-                        e["source"].as_str().unwrap_or("?"),
-                        e["what"].as_str().unwrap_or("")
-                    )
-                })
-            })
-            .collect::<Vec<_>>()
-            .join("; "),
-        Ok(None) => "no timeline".to_owned(),
-        Err(e) => format!("timeline: {e:#}"),
-    };
-    let ms_of = |d: Option<Duration>| {
-        d.map_or("?".to_owned(), |d| {
-            format!("{:.1}", d.as_secs_f64() * 1000.0)
-        })
-    };
-    let waited = format!(
-        "; meanwhile evlet's threads waited {} ms in all for a CPU, the bench's {} ms",
-        ms_of(waited.agent),
-        ms_of(waited.bench)
-    );
-    run.slow
-        .push(format!("{what} {name} {ms:.1} ms: {entries}{waited}"));
-}
-
-/// When the kernel recorded the exit of `name`'s container init, from the
-/// pod's timeline (its kernel time converted to wall time by the agent): the
-/// first such exit after `after`, less a millisecond for the clocks' rounding;
-/// with it, when the agent published the `OOMKilled` status after that exit
-/// (the timeline's first such status entry), if it did. None in the modes
-/// without kernel records.
-async fn kernel_exit_and_status(
-    agent: &Agent,
-    name: &str,
-    after: SystemTime,
-) -> Option<(SystemTime, Option<SystemTime>)> {
-    let from = after
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .ok()?
-        .as_nanos()
-        .saturating_sub(1_000_000);
-    let timeline = agent
-        .http
-        .json(&format!("/debug/pods/default/{name}/timeline"))
-        .await
-        .ok()??;
-    let exit = first_entry(&timeline, "kernel", from, |w| w.contains("exited"))?;
-    let status = first_entry(&timeline, "status", u128::from(exit), |w| {
-        w.contains("OOMKilled")
-    });
-    let at = |ns: u64| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns);
-    Some((at(exit), status.map(at)))
-}
-
-/// The time (Unix ns) of the first entry of a pod's `timeline` from `source`
-/// at or after `from` whose text passes `what`.
-fn first_entry(
-    timeline: &serde_json::Value,
-    source: &str,
-    from: u128,
-    what: impl Fn(&str) -> bool,
-) -> Option<u64> {
-    timeline["entries"]
-        .as_array()?
-        .iter()
-        .filter(|e| e["source"] == source && e["what"].as_str().is_some_and(&what))
-        .filter_map(|e| u64::try_from(e["unixNs"].as_i64()?).ok())
-        .find(|&ns| u128::from(ns) >= from)
-}
-
-/// Waits on `/dev/kmsg` for the kernel's first OOM message about `comm`
-/// (`<comm> invoked oom-killer`, which heads the report the kernel prints
-/// before it picks and kills a victim; or the kill's own line): when it
-/// came, with the CPU waits of `agent` and the bench at that moment.
-fn kmsg_oom(
-    comm: &'static str,
-    agent: u32,
-) -> Result<tokio::sync::oneshot::Receiver<(Instant, Waits)>> {
-    use std::io::{Read as _, Seek as _, SeekFrom};
-    let mut kmsg = std::fs::File::open("/dev/kmsg").context("opening /dev/kmsg")?;
-    kmsg.seek(SeekFrom::End(0))?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 8192];
-        // One record per read; ends when the message comes (or the process does).
-        while let Ok(n) = kmsg.read(&mut buf) {
-            let record = String::from_utf8_lossy(&buf[..n]);
-            if record.contains(comm)
-                && (record.contains("Killed process") || record.contains("oom-kill"))
-            {
-                let _ = tx.send((Instant::now(), Waits::now(agent)));
-                return;
-            }
-        }
-    });
-    Ok(rx)
-}
-
-/// `plan.ooms` OOM kills, one pod after the other (each left exited). The
-/// hog starts a second after its container, so the OOM strikes a running
-/// container: one that strikes while the runtime's StartContainer call is
-/// still out is published when that sync ends (tens of ms at 500 pods).
-async fn oom(
-    agent: &Agent,
-    manifests: &Path,
-    node: &Node,
-    plan: Plan,
-    run: &mut Run,
-) -> Result<()> {
-    let mut lat = Vec::new();
-    let mut from_exit = Vec::new();
-    let mut published = Vec::new();
-    for k in 0..plan.ooms {
-        let killed = kmsg_oom("memhog", agent.pid)?;
-        write_manifest(
-            manifests,
-            &format!("oom{k}.yaml"),
-            &oom_manifest(k, &node.image),
-        )?;
-        let name = format!("oom{k}-{NODE}");
-        let seen = poll_pod(
-            &agent.http,
-            &name,
-            Duration::from_millis(1),
-            Duration::from_secs(60),
-            |p| first_container(p)["state"]["terminated"]["reason"] == "OOMKilled",
-        )
-        .await;
-        let kernel = tokio::time::timeout(Duration::from_secs(1), killed).await;
-        match (seen, kernel) {
-            (Some(seen), Ok(Ok((kernel, waits)))) => {
-                let waited = waits.since(agent.pid);
-                let took = seen.saturating_duration_since(kernel);
-                lat.push(took);
-                let at = SystemTime::now() - kernel.elapsed();
-                let seen_at = SystemTime::now() - seen.elapsed();
-                if let Some((exit, status)) = kernel_exit_and_status(agent, &name, at).await {
-                    from_exit.push(seen_at.duration_since(exit).unwrap_or_default());
-                    if let Some(status) = status {
-                        published.push(status.duration_since(exit).unwrap_or_default());
-                    }
-                }
-                slow_timeline(agent, &name, "OOM kill", at, took, waited, run).await;
-            }
-            (None, _) => run
-                .errors
-                .push(format!("{name}: OOMKilled not in status after 60 s")),
-            (_, _) => run
-                .errors
-                .push(format!("{name}: no OOM message on /dev/kmsg")),
-        }
-    }
-    run.oom_to_status = Summary::of(&lat);
-    run.oom_exit_to_status = Summary::of(&from_exit);
-    run.oom_exit_to_published = Summary::of(&published);
-    run.oom_to_status_ms = run.oom_to_status.as_ref().map(|s| s.p50_ms);
-    Ok(())
-}
-
-/// Kill → ContainerDied from evlet's log.
-fn events(log: &Path, killed: &[(String, SystemTime)], run: &mut Run) -> Result<()> {
-    let seen = pleg_events(log, "ContainerDied")?;
-    let mut lat = Vec::new();
-    for (id, wall) in killed {
-        let Some(at) = seen.get(id) else {
-            run.errors.push(format!(
-                "no ContainerDied event for {}",
-                &id[..12.min(id.len())]
-            ));
-            continue;
-        };
-        let sent = jiff::Timestamp::try_from(*wall)?;
-        let d = at.duration_since(sent);
-        lat.push(Duration::try_from(d).unwrap_or_default());
-    }
-    run.kill_to_event = Summary::of(&lat);
-    Ok(())
-}
-
-/// PodSandboxStatus + ContainerStatus against the running pods.
-async fn cri_calls(client: &RuntimeClient, pods: usize, window: Duration) -> Result<CriCalls> {
-    let containers = client.list_containers(ContainerFilter::new()).await?;
-    let pairs: Arc<Vec<(SandboxId, ContainerId)>> = Arc::new(
-        containers
-            .into_iter()
-            .filter(|c| {
-                c.labels
-                    .get("io.kubernetes.pod.name")
-                    .is_some_and(|n| n.ends_with(&format!("-{NODE}")))
-            })
-            .map(|c| (SandboxId::new(c.pod_sandbox_id), ContainerId::new(c.id)))
-            .collect(),
-    );
-    if pairs.is_empty() {
-        bail!("no bench containers to query");
-    }
-    let one = |client: RuntimeClient, pairs: Arc<Vec<(SandboxId, ContainerId)>>| async move {
-        let mut lat = Vec::new();
-        let start = Instant::now();
-        while start.elapsed() < window {
-            let (s, c) = &pairs[fastrand::usize(..pairs.len())];
-            let t = Instant::now();
-            client.pod_sandbox_status(s, false).await?;
-            client.container_status(c).await?;
-            lat.push(t.elapsed());
-        }
-        anyhow::Ok((lat, start.elapsed()))
-    };
-    let (lat, took) = one(client.clone(), Arc::clone(&pairs)).await?;
-    let sequential = 2.0 * lat.len() as f64 / took.as_secs_f64();
-    let mut set = tokio::task::JoinSet::new();
-    let start = Instant::now();
-    for _ in 0..8 {
-        set.spawn(one(client.clone(), Arc::clone(&pairs)));
-    }
-    let mut calls = 0;
-    while let Some(r) = set.join_next().await {
-        calls += 2 * r??.0.len();
-    }
-    Ok(CriCalls {
-        pods,
-        sequential_calls_per_s: sequential,
-        pair_latency: Summary::of(&lat),
-        concurrent8_calls_per_s: calls as f64 / start.elapsed().as_secs_f64(),
-    })
-}
-
-/// Stops and removes every sandbox of the benchmark's node.
-async fn cleanup(client: &RuntimeClient) -> Result<()> {
-    let sandboxes = client.list_pod_sandbox(SandboxFilter::new()).await?;
-    let ids: Vec<SandboxId> = sandboxes
-        .into_iter()
-        .filter(|s| {
-            s.labels
-                .get("io.kubernetes.pod.name")
-                .is_some_and(|n| n.ends_with(&format!("-{NODE}")))
-        })
-        .map(|s| SandboxId::new(s.id))
-        .collect();
-    for chunk in ids.chunks(8) {
-        let mut set = tokio::task::JoinSet::new();
-        for id in chunk {
-            let (client, id) = (client.clone(), id.clone());
-            set.spawn(async move { evlet_bench::remove_sandbox(&client, &id).await });
-        }
-        while let Some(r) = set.join_next().await {
-            r??;
-        }
-    }
-    Ok(())
-}
-
 /// Removes the pod cgroups the runtime left of the removed pods (the floor's
 /// and the last run's), so the next timed start finds the node as it was.
 async fn remove_pod_cgroups(ctx: &Ctx) -> Result<()> {
@@ -841,12 +314,14 @@ struct Ctx {
 }
 
 /// One mode at one pod count, in round `round`: only the first round
-/// measures the idle window (and, if `measure_cri`, the CRI calls).
+/// measures the idle window (and, if `measure_cri`, the CRI calls); a round
+/// not `killing` only times the batch start.
 async fn one(
     ctx: &Ctx,
     mode: &str,
     pods: usize,
     round: usize,
+    killing: bool,
     measure_cri: bool,
 ) -> Result<(Run, Option<CriCalls>)> {
     let manifests = ctx.args.work.join("manifests");
@@ -876,6 +351,7 @@ async fn one(
     let mut run = Run {
         mode: mode.to_owned(),
         pods,
+        kill_rounds: usize::from(killing),
         ..Run::default()
     };
     eprintln!("bench: {mode} with {pods} pods: starting");
@@ -888,55 +364,42 @@ async fn one(
         eprintln!(
             "bench: {mode} with {pods} pods: all running after {:.1}s{}",
             run.start_total_s,
-            if round == 0 { "; idle window" } else { "" }
+            match (killing, round) {
+                (false, _) => "; start only",
+                (true, 0) => "; idle window",
+                (true, _) => "",
+            }
         );
+        if !killing {
+            return anyhow::Ok(Vec::new());
+        }
+        // As long from the start's end to the first kill as the floor waits
+        // (`floor_round`); in the first round the idle window fills it.
+        let quiet = schedule::quiet_before_kills(round, ctx.plan.settle, ctx.plan.idle);
+        let first_kill = tokio::time::Instant::now() + quiet;
         if round == 0 {
             idle(&agent, &ctx.node, ctx.plan, &mut run).await?;
-        } else {
-            tokio::time::sleep(ctx.plan.settle).await;
         }
+        tokio::time::sleep_until(first_kill).await;
         eprintln!("bench: {mode} with {pods} pods: kills");
-        let killed = kills(&agent, &ctx.client, pods, ctx.plan, &mut run).await?;
-        oom(&agent, &manifests, &ctx.node, ctx.plan, &mut run).await?;
+        let killed = kills::kills(&agent, &ctx.client, pods, ctx.plan.kills, &mut run).await?;
+        let (image, ooms) = (&ctx.node.image, ctx.plan.ooms);
+        oom::oom(&agent, &manifests, image, ooms, &mut run).await?;
         anyhow::Ok(killed)
     }
     .await;
     agent.stop().await?;
     let killed =
         measured.with_context(|| format!("{mode} with {pods} pods (log {})", log.display()))?;
-    events(&log, &killed, &mut run)?;
+    if killing {
+        kills::kill_events(&log, &killed, &mut run)?;
+    }
     let cri = if measure_cri && round == 0 {
         Some(cri_calls(&ctx.client, pods, ctx.plan.cri_window).await?)
     } else {
         None
     };
     Ok((run, cri))
-}
-
-fn machine(containerd: String, profile: &str) -> Machine {
-    let memory_kib: f64 = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines().find_map(|l| {
-                l.strip_prefix("MemTotal:")?
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-        })
-        .unwrap_or(0.0);
-    Machine {
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_owned(),
-        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-        memory_gib: memory_kib / 1024.0 / 1024.0,
-        containerd,
-        evlet_profile: profile.to_owned(),
-    }
 }
 
 #[tokio::main]
@@ -981,7 +444,7 @@ async fn main() -> Result<()> {
         started: started.strftime("%Y-%m-%d %H:%M UTC").to_string(),
         command: args.command.clone(),
         quick: args.quick,
-        machine: machine(
+        machine: Machine::here(
             format!("{} {}", version.runtime_name, version.runtime_version),
             &args.profile,
         ),
@@ -1046,23 +509,24 @@ fn write(results: &Results, stem: &Path) -> Result<()> {
 }
 
 /// The floor and every mode at one pod count, in as many rounds as the
-/// count has; each pod count's results go into `results` when done.
+/// count has (`schedule::Rounds`: the full ones, then those that only time
+/// the start); each pod count's results go into `results` when done.
 async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<()> {
-    let rounds = if ctx.args.quick {
-        1
-    } else {
-        ctx.args.rounds.unwrap_or((50 / pods.max(1)).clamp(1, 5))
-    };
+    let args = &ctx.args;
+    let rounds = Rounds::of(pods, args.quick, args.rounds, args.start_rounds);
     let mut floors = Vec::new();
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); ctx.args.modes.len()];
     let measured = async {
-        for round in 0..rounds {
-            if rounds > 1 {
-                eprintln!("bench: {pods} pods, round {} of {rounds}", round + 1);
+        for round in 0..rounds.total {
+            let killing = rounds.kills_in(round);
+            if rounds.total > 1 {
+                let only = if killing { "" } else { ", the start only" };
+                let total = rounds.total;
+                eprintln!("bench: {pods} pods, round {} of {total}{only}", round + 1);
             }
-            floors.push(floor_round(ctx, pods).await?);
+            floors.push(floor_round(ctx, pods, round, killing).await?);
             for (k, mode) in ctx.args.modes.iter().enumerate() {
-                let (run, cri) = match one(ctx, mode, pods, round, k == 0).await {
+                let (run, cri) = match one(ctx, mode, pods, round, killing, k == 0).await {
                     Ok(done) => done,
                     Err(err) => {
                         eprintln!("bench: cleaning up after the failure");
@@ -1087,8 +551,10 @@ async fn measure_count(ctx: &Ctx, pods: usize, results: &mut Results) -> Result<
     measured
 }
 
-/// The runtime's floor with `pods` pods, once.
-async fn floor_round(ctx: &Ctx, pods: usize) -> Result<Floor> {
+/// The runtime's floor with `pods` pods, once, in round `round`: its kills
+/// (if the round is `killing`) at evlet's pace, the first as long after the
+/// start as evlet's first (`schedule::quiet_before_kills`).
+async fn floor_round(ctx: &Ctx, pods: usize, round: usize, killing: bool) -> Result<Floor> {
     eprintln!("bench: the runtime's floor with {pods} pods");
     let floor_root = ctx.args.work.join("floor-root");
     let spec = floor::Spec {
@@ -1096,7 +562,8 @@ async fn floor_round(ctx: &Ctx, pods: usize) -> Result<Floor> {
         cgroup_root: &ctx.node.cgroup_root,
         image: &ctx.node.image,
         n: pods,
-        samples: ctx.plan.kills.min(pods),
+        samples: if killing { ctx.plan.kills.min(pods) } else { 0 },
+        quiet: schedule::quiet_before_kills(round, ctx.plan.settle, ctx.plan.idle),
         parallel: ctx.args.parallel_pod_starts,
         containerd_pid: ctx.node.containerd_pid,
     };
