@@ -734,6 +734,29 @@ impl Worker {
                     };
                     // Readiness is still probed while the pod terminates (upstream).
                     self.shared.prober.stop_liveness_and_startup(&current);
+                    if let Some((reason, message)) = &failure {
+                        // A pod that failed while running (its active deadline)
+                        // says so at once, as upstream's status does; the kill
+                        // takes its grace period meanwhile.
+                        let extra = status::Extra {
+                            start_time: Some(
+                                start_time
+                                    .get_or_insert_with(|| pod_start_time(&current, &runtime))
+                                    .clone(),
+                            ),
+                            host_ip: host_ip.as_deref(),
+                            failed,
+                            failure: Some((reason.as_str(), message.as_str())),
+                            ..Default::default()
+                        };
+                        self.publish(
+                            &mut published,
+                            &current,
+                            &runtime,
+                            &extra,
+                            Phase::Terminating(grace),
+                        );
+                    }
                     self.sync_started();
                     let started = Instant::now();
                     let result =

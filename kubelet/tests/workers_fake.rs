@@ -307,3 +307,45 @@ async fn the_stats_summary_names_running_containers_the_status_does_not_show() {
         "{pod:?}"
     );
 }
+
+/// `activeDeadlineSeconds`: the pod's status says Failed / DeadlineExceeded as
+/// soon as the deadline passes, while its container (ignoring SIGTERM here:
+/// the runtime's StopContainer takes 4 s) is still being killed, as upstream's
+/// status manager shows it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_passed_active_deadline_is_in_the_status_before_the_kill_ends() {
+    let rig = rig().await;
+    rig.server.runtime().inject(
+        "StopContainer",
+        evlet_cri::fake::Fault::Delay(Duration::from_secs(4)),
+        None,
+    );
+    let p: k8s_openapi::api::core::v1::Pod = serde_yaml::from_str(&format!(
+        "metadata: {{name: deadline, namespace: default, uid: deadline}}\nspec:\n  activeDeadlineSeconds: 1\n  terminationGracePeriodSeconds: 30\n  containers:\n  - {{name: app, image: {IMAGE}}}\n"
+    ))
+    .expect("pod");
+    add(&rig, &p);
+    eventually(Duration::from_secs(10), "the pod running", || async {
+        (phase(&rig, "deadline").as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let running = std::time::Instant::now();
+    let status = eventually(Duration::from_secs(10), "the pod failed", || async {
+        rig.workers
+            .view(&PodUid::from("deadline"))
+            .map(|v| v.status)
+            .filter(|s| s.phase.as_deref() == Some("Failed"))
+    })
+    .await;
+    assert_eq!(status.reason.as_deref(), Some("DeadlineExceeded"));
+    assert!(
+        running.elapsed() < Duration::from_millis(3500),
+        "Failed within the deadline's second and a sync, not after the 4 s kill: {:?}",
+        running.elapsed()
+    );
+    assert_eq!(
+        rig.server.runtime().calls("StopContainer"),
+        1,
+        "the kill is under way"
+    );
+}
