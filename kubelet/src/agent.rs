@@ -195,17 +195,23 @@ pub async fn start(
         tokens: TokenManager::new(c.client.clone(), refresh_tx, shutdown.child_token()),
         client: c.client.clone(),
     });
-    let recursive_read_only = client
-        .status(false)
-        .await
-        .ok()
+    let runtime_status = client.status(false).await.ok();
+    let recursive_read_only = runtime_status
+        .as_ref()
         .and_then(|s| {
             s.runtime_handlers
-                .into_iter()
+                .iter()
                 .find(|h| h.name.is_empty())
                 .and_then(|h| h.features)
         })
         .is_some_and(|f| f.recursive_read_only_mounts);
+    // What the runtime enforces, for admission and the Node's status.features.
+    let runtime_support = crate::validation::RuntimeSupport {
+        supplemental_groups_policy: runtime_status
+            .as_ref()
+            .and_then(|s| s.features)
+            .is_some_and(|f| f.supplemental_groups_policy),
+    };
     let syncer = build_syncer(
         &config,
         client.clone(),
@@ -310,6 +316,7 @@ pub async fn start(
                 &served,
                 &machine,
                 pressure.clone(),
+                runtime_support,
                 runtime_version,
                 secure_address.map_or(config.address.port(), |a| a.port()),
                 &shutdown,
@@ -333,6 +340,7 @@ pub async fn start(
         served: Arc::clone(&served),
         hints: pleg.hints.clone(),
         allowed_unsafe_sysctls: config.pods.allowed_unsafe_sysctls.clone(),
+        runtime_support,
         pressure,
         api,
     };
@@ -938,6 +946,7 @@ fn start_api(
     served: &Arc<Served>,
     machine: &Machine,
     pressure: tokio::sync::watch::Receiver<crate::eviction::Pressure>,
+    runtime_support: crate::validation::RuntimeSupport,
     runtime_version: String,
     kubelet_port: u16,
     shutdown: &CancellationToken,
@@ -977,6 +986,7 @@ fn start_api(
         labels: config.node_labels.clone(),
         root_dir: config.root_dir.clone(),
         runtime_version,
+        runtime_support,
         port: kubelet_port,
         ready: Arc::new(move || ready_served.ready()),
         pressure,

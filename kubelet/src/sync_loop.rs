@@ -82,6 +82,9 @@ pub struct SyncLoop {
     pub hints: Option<Arc<Hints>>,
     /// `allowedUnsafeSysctls` (admission).
     pub allowed_unsafe_sysctls: Vec<String>,
+    /// What the node's runtime enforces: a pod asking for more is refused
+    /// at admission, static or API (upstream's admission handlers).
+    pub runtime_support: crate::validation::RuntimeSupport,
     /// The node's pressure conditions (admission refuses pods under them).
     pub pressure: watch::Receiver<crate::eviction::Pressure>,
     /// API-server mode.
@@ -213,16 +216,15 @@ impl SyncLoop {
             if update.source != Source::Api
                 && update.op == Op::Add
                 && !self.workers.has(&uid)
-                && let Err(e) = crate::sysctls::admit(&pod, &self.allowed_unsafe_sysctls)
+                && let Err(rejection) = self.static_admission(&pod)
             {
                 // A static pod refused at admission shows Failed and never runs.
-                tracing::warn!(pod = %pod::key(&pod), error = %e, "static pod rejected at admission");
-                let message = format!("Pod was rejected: {e}");
+                tracing::warn!(pod = %pod::key(&pod), reason = %rejection.reason, message = %rejection.message, "static pod rejected at admission");
                 let status = crate::status::compute(
                     &pod,
                     &crate::runtime::PodStatus::empty(uid.clone()),
                     &crate::status::Extra {
-                        rejected: Some(("SysctlForbidden", &message)),
+                        rejected: Some((&rejection.reason, &rejection.message)),
                         start_time: Some(crate::clock::now()),
                         ..Default::default()
                     },
@@ -308,6 +310,7 @@ impl SyncLoop {
         let node = api.node.as_ref().and_then(api::node::SelfWatch::current);
         let pressure = *self.pressure.borrow();
         let admitted = api::admission::supported(pod)
+            .and_then(|()| api::admission::runtime_supports(pod, &self.runtime_support))
             .and_then(|()| {
                 crate::eviction::admit(pod, pressure)
                     .map_err(|(reason, message)| api::admission::Rejection { reason, message })
@@ -343,6 +346,18 @@ impl SyncLoop {
                 true
             }
         }
+    }
+
+    /// The admission of a static pod (its fields were validated when it was
+    /// read): unsafe sysctls, and what the node's runtime cannot enforce.
+    fn static_admission(&self, pod: &Pod) -> Result<(), api::admission::Rejection> {
+        crate::sysctls::admit(pod, &self.allowed_unsafe_sysctls).map_err(|e| {
+            api::admission::Rejection {
+                reason: "SysctlForbidden".into(),
+                message: format!("Pod was rejected: {e}"),
+            }
+        })?;
+        api::admission::runtime_supports(pod, &self.runtime_support)
     }
 
     /// An update that adds a field evlet does not honour to a running pod

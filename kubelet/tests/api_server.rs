@@ -31,6 +31,7 @@ fn input(ready: Arc<AtomicBool>) -> NodeInput {
         labels: [("node.kubernetes.io/pool".to_owned(), "edge".to_owned())].into(),
         root_dir: std::env::temp_dir(),
         runtime_version: "containerd://1.7.24".into(),
+        runtime_support: Default::default(),
         port: 10255,
         pressure: watch::channel(evlet::eviction::Pressure::default()).1,
         reserved: Default::default(),

@@ -328,3 +328,83 @@ async fn logs_are_linked_for_shippers_rotated_compressed_and_bounded() {
     )
     .await;
 }
+
+/// What the node cannot honour is refused, never run as if absent: fields no
+/// part of evlet honours (`hostUsers: false`, an nfs volume, an unknown
+/// seccomp profile type) at validation, so the static pod never becomes the
+/// node's, and `supplementalGroupsPolicy: Strict` at admission where the
+/// runtime does not report enforcing it (containerd 1.6 and 1.7 would merge
+/// the image's groups silently); on 2.1, which enforces it, the pod runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn fields_the_node_cannot_honour_are_refused_before_anything_runs() {
+    e2e(
+        "fields_the_node_cannot_honour_are_refused_before_anything_runs",
+        |w| async move {
+            let sleeper = format!("  - {{name: app, image: {IMAGE}, command: [/bin/sleep, '3600']}}\n");
+            for (name, spec) in [
+                ("userns", "  hostUsers: false\n"),
+                (
+                    "nfs",
+                    "  volumes: [{name: share, nfs: {server: 192.0.2.1, path: /exports}}]\n",
+                ),
+                (
+                    "seccomp",
+                    "  securityContext: {seccompProfile: {type: Permissive}}\n",
+                ),
+                ("strict", "  securityContext: {supplementalGroupsPolicy: Strict}\n"),
+                ("plain", ""),
+            ] {
+                w.write(
+                    &format!("{name}.yaml"),
+                    &format!(
+                        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n{spec}  terminationGracePeriodSeconds: 1\n  containers:\n{sleeper}"
+                    ),
+                );
+            }
+            let agent = w.start().await;
+            agent.running_id(&w.pod_name("plain"), "app").await;
+            let enforces_strict = w.node.containerd_version == "2.1";
+            if enforces_strict {
+                agent.running_id(&w.pod_name("strict"), "app").await;
+            } else {
+                let status = agent
+                    .wait_status(
+                        &w.pod_name("strict"),
+                        "the Strict pod rejected",
+                        Duration::from_secs(20),
+                        |s| (s.phase.as_deref() == Some("Failed")).then(|| s.clone()),
+                    )
+                    .await;
+                assert_eq!(
+                    status.reason.as_deref(),
+                    Some("SupplementalGroupsPolicyNotSupported")
+                );
+                assert!(
+                    status
+                        .message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("spec.securityContext.supplementalGroupsPolicy")),
+                    "{status:?}"
+                );
+            }
+            for name in ["userns", "nfs", "seccomp"] {
+                assert!(
+                    agent.status(&w.pod_name(name)).is_none(),
+                    "{name}: refused at validation, never the node's pod"
+                );
+            }
+            for name in ["userns", "nfs", "seccomp", "strict"] {
+                let (sandboxes, containers) = w.runtime_objects(name).await;
+                if name == "strict" && enforces_strict {
+                    continue;
+                }
+                assert!(
+                    sandboxes.is_empty() && containers.is_empty(),
+                    "{name}: nothing of it reached the runtime"
+                );
+            }
+            agent.stop().await;
+        },
+    )
+    .await;
+}

@@ -111,6 +111,38 @@ pub fn supported(pod: &Pod) -> Result<(), Rejection> {
     })
 }
 
+/// Can the node's runtime enforce what `pod` asks for? A pod asking for
+/// `supplementalGroupsPolicy: Strict` on a runtime that does not report the
+/// feature is rejected as upstream rejects it
+/// (`SupplementalGroupsPolicyNotSupported`): containerd 1.6 and 1.7 would
+/// merge the image's groups in silently.
+///
+/// # Errors
+/// The rejection, naming the field.
+pub fn runtime_supports(
+    pod: &Pod,
+    runtime: &crate::validation::RuntimeSupport,
+) -> Result<(), Rejection> {
+    let Some(spec) = &pod.spec else {
+        return Ok(());
+    };
+    let refused = crate::validation::unsupported_by_runtime(spec, runtime);
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(Rejection {
+        reason: "SupplementalGroupsPolicyNotSupported".into(),
+        message: format!(
+            "Pod was rejected: {}",
+            refused
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    })
+}
+
 /// Does `pod` suit this node as the API server has it: its node selector and
 /// required node affinity, host ports free, every `NoExecute` taint
 /// tolerated? (Upstream's `generalFilter` beside the resource fit; static
@@ -237,6 +269,33 @@ pub fn admit(pod: &Pod, used: &mut Usage, node: &Allocatable) -> Result<(), Reje
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn strict_supplemental_groups_need_a_runtime_that_enforces_them() {
+        let pod: Pod = serde_yaml::from_str(
+            "metadata: {name: p}\nspec:\n  securityContext: {supplementalGroupsPolicy: Strict}\n  containers: [{name: a, image: i}]\n",
+        )
+        .expect("pod");
+        let lacking = crate::validation::RuntimeSupport::default();
+        let r = runtime_supports(&pod, &lacking).expect_err("refused");
+        assert_eq!(r.reason, "SupplementalGroupsPolicyNotSupported");
+        assert!(
+            r.message
+                .contains("spec.securityContext.supplementalGroupsPolicy"),
+            "{}",
+            r.message
+        );
+        let enforcing = crate::validation::RuntimeSupport {
+            supplemental_groups_policy: true,
+        };
+        assert!(runtime_supports(&pod, &enforcing).is_ok());
+        let merge: Pod = serde_yaml::from_str(
+            "metadata: {name: p}\nspec:\n  securityContext: {supplementalGroupsPolicy: Merge}\n  containers: [{name: a, image: i}]\n",
+        )
+        .expect("pod");
+        assert!(runtime_supports(&merge, &lacking).is_ok());
+    }
+
     use super::*;
 
     fn pod(cpu: &str, mem: &str) -> Pod {

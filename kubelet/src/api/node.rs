@@ -55,6 +55,8 @@ pub struct NodeInput {
     pub root_dir: PathBuf,
     /// `containerd://1.7.24`.
     pub runtime_version: String,
+    /// What the runtime enforces (`status.features`).
+    pub runtime_support: crate::validation::RuntimeSupport,
     /// The HTTP endpoint's port (`daemonEndpoints.kubeletEndpoint`).
     pub port: u16,
     /// Readiness of the runtime and the PLEG.
@@ -326,6 +328,11 @@ pub fn status(input: &NodeInput, machine: &Machine, previous: Option<&NodeStatus
                 .map(|s| s.trim().to_owned())
                 .unwrap_or_default(),
             ..Default::default()
+        }),
+        // Upstream reports what the runtime enforces; the scheduler and the
+        // API server's pod admission read it.
+        features: Some(k8s_openapi::api::core::v1::NodeFeatures {
+            supplemental_groups_policy: Some(input.runtime_support.supplemental_groups_policy),
         }),
         ..Default::default()
     }
@@ -714,6 +721,9 @@ mod tests {
             labels: BTreeMap::new(),
             root_dir: "/".into(),
             runtime_version: "containerd://1.7.24".into(),
+            runtime_support: crate::validation::RuntimeSupport {
+                supplemental_groups_policy: true,
+            },
             port: 10255,
             ready: Arc::new(move || ready.clone()),
             pressure: tokio::sync::watch::channel(crate::eviction::Pressure::default()).1,

@@ -136,10 +136,16 @@ fn seccomp(
                 localhost_ref: root.join("seccomp").join(name).display().to_string(),
             }
         }
-        _ => api::SecurityProfile {
+        "Unconfined" => api::SecurityProfile {
             profile_type: ProfileType::Unconfined as i32,
             localhost_ref: String::new(),
         },
+        // Validation refuses these pods; never run one less confined than asked.
+        other => {
+            return Err(SecurityError(format!(
+                "unknown seccomp profile type: {other:?}"
+            )));
+        }
     })
 }
 

@@ -32,7 +32,7 @@ mod resources;
 mod support;
 mod volumes;
 
-pub use support::{foreign_os, unsupported};
+pub use support::{RuntimeSupport, foreign_os, table, unsupported, unsupported_by_runtime};
 
 struct Errors(Vec<FieldError>);
 

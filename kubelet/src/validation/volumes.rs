@@ -251,7 +251,8 @@ mod tests {
             errors(
                 "  volumes:\n  - {name: a, downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}}\n  - {name: b, projected: {sources: [{downwardAPI: {items: [{path: ns, fieldRef: {fieldPath: metadata.namespace}}]}}]}}\n  - {name: c, nfs: {server: s, path: /x}}\n  containers: [{name: x, image: i, volumeMounts: [{name: a, mountPath: /a, subPathExpr: 'logs/$(POD)'}]}]\n"
             ),
-            Vec::<String>::new()
+            ["spec.volumes[2].nfs: Forbidden: evlet has no volume plugin for this volume type"],
+            "a valid volume of a type evlet has no plugin for is refused, nothing else"
         );
         assert_eq!(
             errors(
