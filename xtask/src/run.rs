@@ -129,12 +129,11 @@ fn approve_serving(kubectl: &str, admin: &std::path::Path) -> Result<usize> {
         if let [name, "kubernetes.io/kubelet-serving", user] = fields.as_slice()
             && *user == format!("system:node:{NODE_NAME}")
         {
-            sh::run(
-                Command::new(kubectl)
-                    .arg("--kubeconfig")
-                    .arg(admin)
-                    .args(["certificate", "approve", name]),
-            )?;
+            sh::run(Command::new(kubectl).arg("--kubeconfig").arg(admin).args([
+                "certificate",
+                "approve",
+                name,
+            ]))?;
             approved += 1;
         }
     }
@@ -229,13 +228,15 @@ pub fn run(
             );
             println!("{}", get("/healthz").unwrap_or_default().trim_end());
             if let Some((kubectl, admin)) = &kubectl {
-                let nodes = sh::output(
-                    Command::new(kubectl)
-                        .arg("--kubeconfig")
-                        .arg(admin)
-                        .args(["get", "nodes,pods", "-A", "-o", "wide"]),
-                )
-                .unwrap_or_default();
+                let nodes =
+                    sh::output(Command::new(kubectl).arg("--kubeconfig").arg(admin).args([
+                        "get",
+                        "nodes,pods",
+                        "-A",
+                        "-o",
+                        "wide",
+                    ]))
+                    .unwrap_or_default();
                 println!(
                     "evlet joined the local control plane as node {NODE_NAME} in {:.1} s:\n{nodes}\n\
                      Try: {kubectl} --kubeconfig {} get nodes,pods -A",
