@@ -9,7 +9,12 @@ use std::process::{Command, Output, Stdio};
 
 /// Counters upstream kubelet names without `_total` (and evlet with it):
 /// the only lint findings `promtool check metrics` may report.
-pub const UPSTREAM_UNSUFFIXED: &[&str] = &["kubelet_pleg_discard_events", "kubelet_evictions"];
+pub const UPSTREAM_UNSUFFIXED: &[&str] = &[
+    "kubelet_pleg_discard_events",
+    "kubelet_evictions",
+    "kubelet_certificate_manager_client_expiration_renew_errors",
+    "kubelet_server_expiration_renew_errors",
+];
 
 /// Runs `promtool args…` with `stdin` for test `test`; `None` if there is no
 /// promtool outside CI.
