@@ -1,7 +1,7 @@
 //! Shared pieces of evlet's benchmarks: order statistics, CPU and memory
 //! readers (`/proc`, cgroup2 `cpu.stat`), the agent under test as a child
-//! process with a small client for its local HTTP endpoint, and the report
-//! writers (`report`).
+//! process with a small client for its node-local socket (the read-only
+//! routes and the diagnostics), and the report writers (`report`).
 //!
 //! The PLEG modes benchmark's parts: `pods` (its static pods), `schedule`
 //! (its rounds, and the pace of kills shared by evlet and the floor),
@@ -23,9 +23,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Bytes;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use serde::Serialize;
 
 /// p50 / p99 / max of a set of durations, in milliseconds, with the samples.
@@ -175,21 +173,19 @@ impl Drop for CpuCgroup {
     }
 }
 
-/// A GET-only client for evlet's local endpoint.
+/// A GET-only client of evlet's node-local socket (`<root-dir>/evlet.sock`:
+/// `/healthz`, `/pods`, `/metrics`, and the diagnostics `/pods/<ns>/<name>`
+/// and `/debug/*`, which the read-only port does not serve).
 #[derive(Debug, Clone)]
 pub struct Endpoint {
-    client: Client<HttpConnector, Empty<Bytes>>,
-    base: String,
+    client: evlet::server::local::Client,
 }
 
 impl Endpoint {
-    /// An endpoint at `address` (`host:port`).
-    pub fn new(address: &str) -> Self {
-        let client =
-            Client::builder(hyper_util::rt::TokioExecutor::new()).build(HttpConnector::new());
+    /// The endpoint of the agent whose root directory is `root`.
+    pub fn new(root: &Path) -> Self {
         Self {
-            client,
-            base: format!("http://{address}"),
+            client: evlet::server::local::Client::new(root.join(evlet::server::local::SOCKET)),
         }
     }
 
@@ -198,11 +194,7 @@ impl Endpoint {
     /// # Errors
     /// If the connection fails.
     pub async fn get(&self, path: &str) -> Result<(u16, Bytes)> {
-        let uri: hyper::Uri = format!("{}{path}", self.base).parse()?;
-        let resp = self.client.get(uri).await?;
-        let code = resp.status().as_u16();
-        let body = resp.into_body().collect().await?.to_bytes();
-        Ok((code, body))
+        Ok(self.client.get(path).await?)
     }
 
     /// `GET <path>` as JSON; `None` on 404.
@@ -234,12 +226,28 @@ pub struct AgentSpec {
     pub endpoint: String,
     /// `--cgroup-root`.
     pub cgroup_root: String,
-    /// `--address` of the HTTP endpoint.
+    /// The read-only port's address, `IP:PORT` (`--address IP --read-only-port PORT`).
     pub address: String,
     /// Where evlet's JSON log goes.
     pub log: PathBuf,
     /// More arguments (`--config`, `--port`, ...).
     pub extra: Vec<String>,
+}
+
+/// `--address IP --read-only-port PORT` for `IP:PORT`.
+///
+/// # Errors
+/// `address` is not `IP:PORT`.
+fn read_only_flags(address: &str) -> Result<[String; 4]> {
+    let a: std::net::SocketAddr = address
+        .parse()
+        .with_context(|| format!("read-only address {address:?}: expected IP:PORT"))?;
+    Ok([
+        "--address".into(),
+        a.ip().to_string(),
+        "--read-only-port".into(),
+        a.port().to_string(),
+    ])
 }
 
 /// evlet as a child process, its CPU accounted in a cgroup of its own.
@@ -272,8 +280,6 @@ impl Agent {
                 &spec.endpoint,
                 "--cgroup-root",
                 &spec.cgroup_root,
-                "--address",
-                &spec.address,
                 "--node-ip",
                 "127.0.0.1",
                 "--log-format",
@@ -284,6 +290,7 @@ impl Agent {
                 "--image-gc-high-threshold",
                 "100",
             ])
+            .args(read_only_flags(&spec.address)?)
             .args(&spec.extra)
             .env("RUST_LOG", "info,evlet::pleg::event=debug")
             .stdin(Stdio::null())
@@ -299,7 +306,7 @@ impl Agent {
         let agent = Self {
             child,
             pid,
-            http: Endpoint::new(&spec.address),
+            http: Endpoint::new(&spec.root),
             cpu,
         };
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -69,6 +69,9 @@ pub enum StartError {
     /// The HTTP endpoint could not be bound.
     #[error(transparent)]
     Http(#[from] std::io::Error),
+    /// The node-local socket could not be served.
+    #[error(transparent)]
+    Local(#[from] crate::server::local::LocalError),
     /// The secured port's TLS could not be set up.
     #[error("the secured kubelet API: {0}")]
     Tls(#[from] crate::server::tls::TlsError),
@@ -106,8 +109,13 @@ pub struct Handles {
     pub prober: Prober,
     /// Where the secured kubelet API listens, if it is served.
     pub secure_address: Option<std::net::SocketAddr>,
-    /// Where the read-only HTTP endpoint (`/pods`, `/metrics`, `/debug`) listens.
-    pub address: std::net::SocketAddr,
+    /// Where the read-only port (`/healthz`, `/pods`, `/metrics`, `/stats`)
+    /// listens, if it is served.
+    pub address: Option<std::net::SocketAddr>,
+    /// Where upstream's healthz server listens, once it is bound.
+    pub healthz_address: Option<std::net::SocketAddr>,
+    /// The node-local socket (the read-only routes and the diagnostics), if served.
+    pub local_socket: Option<std::path::PathBuf>,
     /// A container collection now (what the eviction manager's node-level
     /// reclaim asks for).
     pub reclaim: crate::container_gc::Reclaim,
@@ -246,7 +254,7 @@ pub async fn start(
 
     let (src_tx, src_rx) = mpsc::channel::<SourceMessage>(64);
     let mut expected = start_static_sources(&config, &src_tx, &shutdown);
-    let (served, address) = start_server(
+    let (served, endpoints) = start_server(
         &config,
         Collected {
             workers: &workers,
@@ -318,7 +326,9 @@ pub async fn start(
                 pressure.clone(),
                 runtime_support,
                 runtime_version,
-                secure_address.map_or(config.address.port(), |a| a.port()),
+                secure_address
+                    .or(endpoints.read_only)
+                    .map_or(0, |a| a.port()),
                 &shutdown,
             ))
         }
@@ -354,7 +364,9 @@ pub async fn start(
         hints: pleg.hints,
         prober,
         secure_address,
-        address,
+        address: endpoints.read_only,
+        healthz_address: endpoints.healthz,
+        local_socket: endpoints.local_socket,
         reclaim,
     };
     let inputs = Inputs {
@@ -785,12 +797,20 @@ struct Collected<'a> {
     volumes: &'a crate::volume::VolumeManager,
 }
 
-/// Binds the read-only HTTP endpoint.
+/// Where the endpoints besides the secured port were bound.
+struct Bound {
+    read_only: Option<std::net::SocketAddr>,
+    healthz: Option<std::net::SocketAddr>,
+    local_socket: Option<std::path::PathBuf>,
+}
+
+/// Binds the read-only port, the healthz port and the node-local socket
+/// (each as configured).
 async fn start_server(
     config: &Config,
     c: Collected<'_>,
     shutdown: &CancellationToken,
-) -> Result<(Arc<Served>, std::net::SocketAddr), StartError> {
+) -> Result<(Arc<Served>, Bound), StartError> {
     let served = Arc::new(Served {
         workers: c.workers.clone(),
         health: Arc::clone(&c.pleg.health),
@@ -816,9 +836,66 @@ async fn start_server(
             cgroup_names(config),
         )),
     });
-    let address =
-        server::serve(config.address, Arc::clone(&served), shutdown.child_token()).await?;
-    Ok((served, address))
+    let http = &config.http;
+    let read_only = match http.read_only {
+        Some(address) => Some(
+            server::serve(
+                address,
+                Arc::clone(&served),
+                http.limits,
+                shutdown.child_token(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let healthz = match http.healthz {
+        Some(address) => start_healthz(address, http.limits, shutdown).await,
+        None => None,
+    };
+    if let Some(path) = &http.local_socket {
+        server::local::serve(
+            path,
+            server::local::router(Arc::clone(&served)),
+            http.limits,
+            shutdown.child_token(),
+        )?;
+    }
+    let bound = Bound {
+        read_only,
+        healthz,
+        local_socket: http.local_socket.clone(),
+    };
+    Ok((served, bound))
+}
+
+/// Upstream's healthz server: a port it cannot bind is logged and tried
+/// again every 5 s, and never stops the agent (`cmd/kubelet/app/server.go`).
+async fn start_healthz(
+    address: std::net::SocketAddr,
+    limits: server::Limits,
+    shutdown: &CancellationToken,
+) -> Option<std::net::SocketAddr> {
+    match server::serve_healthz(address, limits, shutdown.child_token()).await {
+        Ok(bound) => Some(bound),
+        Err(e) => {
+            tracing::error!(error = %e, "failed to start healthz server; retrying every 5 s");
+            let shutdown = shutdown.child_token();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    }
+                    match server::serve_healthz(address, limits, shutdown.clone()).await {
+                        Ok(_) => return,
+                        Err(e) => tracing::debug!(error = %e, "healthz server still not started"),
+                    }
+                }
+            });
+            None
+        }
+    }
 }
 
 /// The configuration `/configz` shows, in KubeletConfiguration's words.
@@ -919,13 +996,13 @@ async fn start_secure(
             ips,
         })?,
     };
-    let listener = server::secure::bind(secure.address).await?;
-    let address = listener.local_addr()?;
+    let (listener, address) = server::bind(secure.address).await?;
     tracing::info!(%address, anonymous = secure.anonymous, webhook_authn = secure.token_webhook.is_some(), authorization = ?secure.authorization, "serving the secured kubelet API");
     server::secure::serve(
         listener,
         tls,
         server::secure::router(Arc::clone(served), auth),
+        server::Gate::new(config.http.limits),
         shutdown.child_token(),
     );
     Ok(Some(address))

@@ -1,8 +1,15 @@
 //! Agent configuration: a `KubeletConfiguration`-style YAML file (upstream field
-//! names where they exist) overridden by familiar command-line flags.
+//! names where they exist) overridden by familiar command-line flags. The
+//! kubelet API's endpoints are [`serving`]'s.
+
+pub mod serving;
+
+pub use serving::{
+    AnonymousAuthentication, Authentication, Authorization, AuthorizationConfig, HttpEndpoints,
+    SecureServing, ServingFlags, WebhookAuthentication, WebhookAuthorization, X509Authentication,
+};
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -59,8 +66,9 @@ pub struct Config {
     /// `cgroupDriver`: how cgroups are named and made (cgroupfs or systemd;
     /// the runtime must be configured alike, containerd's `SystemdCgroup`).
     pub cgroup_driver: crate::cm::Driver,
-    /// Address of the local HTTP endpoint (`/healthz`, `/pods`, `/metrics`).
-    pub address: SocketAddr,
+    /// The read-only port, the healthz port and the node-local socket, and
+    /// the limits of every endpoint.
+    pub http: HttpEndpoints,
     /// Manifest directory rescan period (upstream `fileCheckFrequency`, 20 s).
     pub file_check_frequency: Duration,
     /// Manifest URL poll period (upstream `httpCheckFrequency`, 20 s).
@@ -113,39 +121,6 @@ pub struct Config {
     /// The secured kubelet API (`port`, TLS, authentication, authorization);
     /// None: not served.
     pub secure: Option<SecureServing>,
-}
-
-/// The secured kubelet API's settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecureServing {
-    /// `address`:`port` (default `0.0.0.0:10250`).
-    pub address: SocketAddr,
-    /// `tlsCertFile`; None (with the key): a self-signed pair under `<root-dir>/pki`.
-    pub tls_cert_file: Option<PathBuf>,
-    /// `tlsPrivateKeyFile`.
-    pub tls_private_key_file: Option<PathBuf>,
-    /// `authentication.x509.clientCAFile`.
-    pub client_ca_file: Option<PathBuf>,
-    /// `authentication.anonymous.enabled`.
-    pub anonymous: bool,
-    /// `authentication.webhook`: enabled, with its `cacheTTL`.
-    pub token_webhook: Option<Duration>,
-    /// `authorization.mode`.
-    pub authorization: Authorization,
-}
-
-/// `authorization.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Authorization {
-    /// Every authenticated request is allowed.
-    AlwaysAllow,
-    /// SubjectAccessReview, with `cacheAuthorizedTTL` and `cacheUnauthorizedTTL`.
-    Webhook {
-        /// How long an allow is cached.
-        allow_ttl: Duration,
-        /// How long a deny is cached.
-        deny_ttl: Duration,
-    },
 }
 
 /// Pod starts (sandbox and first containers) in flight at once by default;
@@ -288,10 +263,14 @@ pub struct KubeletConfiguration {
     pub cgroup_root: Option<String>,
     /// `cgroupDriver`: `cgroupfs` or `systemd`.
     pub cgroup_driver: Option<String>,
-    /// HTTP bind address.
+    /// The IP both ports bind (`--address`; default 0.0.0.0).
     pub address: Option<String>,
-    /// HTTP port (upstream's read-only port).
+    /// The read-only port (`--read-only-port`; 0, the default: off).
     pub read_only_port: Option<u16>,
+    /// Upstream's healthz server's port (`--healthz-port`; 10248, 0: off).
+    pub healthz_port: Option<u16>,
+    /// Its IP (`--healthz-bind-address`; 127.0.0.1).
+    pub healthz_bind_address: Option<String>,
     /// evlet: `ebpf`, `generic`, `cri-events`.
     pub pleg_mode: Option<PlegMode>,
     /// evlet: Go duration of the eBPF mode's safety relist.
@@ -401,6 +380,8 @@ const KNOWN: &[&str] = &[
     "cgroupRoot",
     "address",
     "readOnlyPort",
+    "healthzPort",
+    "healthzBindAddress",
     "plegMode",
     "plegSafetyRelistPeriod",
     "maxPods",
@@ -442,189 +423,6 @@ const KNOWN: &[&str] = &[
     "cgroupsPerQOS",
     "singleProcessOOMKill",
 ];
-
-/// `authentication` of a KubeletConfiguration.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Authentication {
-    /// `x509`.
-    #[serde(default)]
-    pub x509: X509Authentication,
-    /// `webhook`.
-    #[serde(default)]
-    pub webhook: WebhookAuthentication,
-    /// `anonymous`.
-    #[serde(default)]
-    pub anonymous: AnonymousAuthentication,
-}
-
-/// `authentication.x509`.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct X509Authentication {
-    /// `clientCAFile`.
-    #[serde(rename = "clientCAFile")]
-    pub client_ca_file: Option<PathBuf>,
-}
-
-/// `authentication.webhook`.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WebhookAuthentication {
-    /// `enabled` (default true).
-    pub enabled: Option<bool>,
-    /// `cacheTTL` (default 2m).
-    #[serde(rename = "cacheTTL")]
-    pub cache_ttl: Option<String>,
-}
-
-/// `authentication.anonymous`.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AnonymousAuthentication {
-    /// `enabled` (default false).
-    pub enabled: Option<bool>,
-}
-
-/// `authorization` of a KubeletConfiguration.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AuthorizationConfig {
-    /// `mode`: `Webhook` (default) or `AlwaysAllow`.
-    pub mode: Option<String>,
-    /// `webhook`.
-    #[serde(default)]
-    pub webhook: WebhookAuthorization,
-}
-
-/// `authorization.webhook`.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WebhookAuthorization {
-    /// `cacheAuthorizedTTL` (default 5m).
-    #[serde(rename = "cacheAuthorizedTTL")]
-    pub cache_authorized_ttl: Option<String>,
-    /// `cacheUnauthorizedTTL` (default 30s).
-    #[serde(rename = "cacheUnauthorizedTTL")]
-    pub cache_unauthorized_ttl: Option<String>,
-}
-
-/// Flags of the secured port; each overrides its config-file field.
-#[derive(Debug, Default, Clone)]
-pub struct SecureFlags {
-    /// `--port`.
-    pub port: Option<u16>,
-    /// `--tls-cert-file`.
-    pub tls_cert_file: Option<PathBuf>,
-    /// `--tls-private-key-file`.
-    pub tls_private_key_file: Option<PathBuf>,
-    /// `--client-ca-file`.
-    pub client_ca_file: Option<PathBuf>,
-    /// `--anonymous-auth`.
-    pub anonymous_auth: Option<bool>,
-    /// `--authentication-token-webhook`.
-    pub token_webhook: Option<bool>,
-    /// `--authorization-mode`.
-    pub authorization_mode: Option<String>,
-}
-
-impl KubeletConfiguration {
-    /// The secured port's settings: the file's and the flags', upstream's
-    /// config-file defaults for the rest (never anonymous `AlwaysAllow`
-    /// unless asked for). Standalone (`api_server` false) nothing can ask
-    /// the API server: webhook authentication is off unless asked for (then
-    /// an error), `Webhook` authorization becomes `AlwaysAllow` for the
-    /// authenticated (client certificates), and with no way to authenticate
-    /// at all the port is not served (None).
-    ///
-    /// # Errors
-    /// A setting that cannot work, named.
-    pub fn secure_serving(
-        &self,
-        flags: &SecureFlags,
-        api_server: bool,
-    ) -> Result<Option<SecureServing>, String> {
-        let port = flags.port.or(self.port).unwrap_or(10250);
-        if port == 0 {
-            return Ok(None);
-        }
-        let ip: std::net::IpAddr = match self.address.as_deref() {
-            None | Some("") => std::net::IpAddr::from([0, 0, 0, 0]),
-            Some(a) => a
-                .parse()
-                .map_err(|_| format!("address: Invalid value {a:?}: must be an IP address"))?,
-        };
-        let ttl =
-            |v: Option<&String>, default: Duration, field: &str| -> Result<Duration, String> {
-                v.map(|s| parse_duration(s).map_err(|e| format!("{field}: {e}")))
-                    .transpose()
-                    .map(|d| d.unwrap_or(default))
-            };
-        let authn = &self.authentication;
-        let asked_webhook = flags.token_webhook.or(authn.webhook.enabled);
-        let token_webhook = match (asked_webhook, api_server) {
-            (Some(true), false) => {
-                return Err("authentication.webhook.enabled: the token webhook needs an API server (--kubeconfig)".into());
-            }
-            (Some(false), _) | (None, false) => None,
-            (Some(true) | None, true) => Some(ttl(
-                authn.webhook.cache_ttl.as_ref(),
-                Duration::from_secs(120),
-                "authentication.webhook.cacheTTL",
-            )?),
-        };
-        let client_ca_file = flags
-            .client_ca_file
-            .clone()
-            .or(authn.x509.client_ca_file.clone());
-        let anonymous = flags
-            .anonymous_auth
-            .or(authn.anonymous.enabled)
-            .unwrap_or(false);
-        let authz = &self.authorization;
-        let mode = flags.authorization_mode.clone().or(authz.mode.clone());
-        let authorization = match (mode.as_deref(), api_server) {
-            (Some("AlwaysAllow"), _) | (None, false) => Authorization::AlwaysAllow,
-            (Some("Webhook"), false) => {
-                return Err(
-                    "authorization.mode: Webhook needs an API server (--kubeconfig)".into(),
-                );
-            }
-            (Some("Webhook") | None, true) => Authorization::Webhook {
-                allow_ttl: ttl(
-                    authz.webhook.cache_authorized_ttl.as_ref(),
-                    Duration::from_secs(300),
-                    "authorization.webhook.cacheAuthorizedTTL",
-                )?,
-                deny_ttl: ttl(
-                    authz.webhook.cache_unauthorized_ttl.as_ref(),
-                    Duration::from_secs(30),
-                    "authorization.webhook.cacheUnauthorizedTTL",
-                )?,
-            },
-            (Some(""), _) => return Err("no authorization mode specified".into()),
-            (Some(other), _) => return Err(format!("unknown authorization mode {other}")),
-        };
-        if token_webhook.is_none() && client_ca_file.is_none() && !anonymous {
-            if api_server {
-                return Err("no authentication method configured".into());
-            }
-            return Ok(None);
-        }
-        Ok(Some(SecureServing {
-            address: SocketAddr::new(ip, port),
-            tls_cert_file: flags.tls_cert_file.clone().or(self.tls_cert_file.clone()),
-            tls_private_key_file: flags
-                .tls_private_key_file
-                .clone()
-                .or(self.tls_private_key_file.clone()),
-            client_ca_file,
-            anonymous,
-            token_webhook,
-            authorization,
-        }))
-    }
-}
 
 /// A taint of `--register-with-taints` that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -795,6 +593,39 @@ impl KubeletConfiguration {
         Self::parse(&text, path)
     }
 
+    /// Upstream's defaulting (`pkg/kubelet/apis/config/v1beta1/defaults.go`)
+    /// gives a zero duration and an empty string their defaults, and kubeadm
+    /// writes its config file that way (`syncFrequency: 0s`,
+    /// `containerRuntimeEndpoint: ""`): such fields are read as unset.
+    fn unset_zero_values(&mut self) {
+        let zero = |v: &mut Option<String>| {
+            if v.as_deref()
+                .is_some_and(|s| parse_duration(s).is_ok_and(|d| d.is_zero()))
+            {
+                *v = None;
+            }
+        };
+        zero(&mut self.sync_frequency);
+        zero(&mut self.file_check_frequency);
+        zero(&mut self.http_check_frequency);
+        zero(&mut self.image_minimum_gc_age);
+        zero(&mut self.eviction_pressure_transition_period);
+        zero(&mut self.authentication.webhook.cache_ttl);
+        zero(&mut self.authorization.webhook.cache_authorized_ttl);
+        zero(&mut self.authorization.webhook.cache_unauthorized_ttl);
+        for v in [
+            &mut self.container_runtime_endpoint,
+            &mut self.cgroup_driver,
+            &mut self.address,
+            &mut self.healthz_bind_address,
+            &mut self.authorization.mode,
+        ] {
+            if v.as_deref() == Some("") {
+                *v = None;
+            }
+        }
+    }
+
     /// Checks the text of a config file read from `path` (named in errors).
     ///
     /// # Errors
@@ -813,7 +644,8 @@ impl KubeletConfiguration {
                 }
             }
         }
-        let cfg: Self = serde_yaml::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        let mut cfg: Self = serde_yaml::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        cfg.unset_zero_values();
         if let Some(v) = cfg
             .api_version
             .as_deref()
@@ -1388,65 +1220,6 @@ mod tests {
             "kind: KubeletConfiguration\nclusterDNS: [10.96.0.10]\nclusterDomain: cluster.local.\n";
         let cfg = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect("valid");
         assert_eq!(cfg.pod_settings().cluster_domain, "cluster.local");
-    }
-
-    #[test]
-    fn the_secured_port_defaults_as_upstreams_config_file_and_never_to_anonymous() {
-        let none = SecureFlags::default();
-        let cfg = KubeletConfiguration::default();
-        let api = cfg
-            .secure_serving(&none, true)
-            .expect("valid")
-            .expect("served");
-        assert_eq!(api.address, "0.0.0.0:10250".parse().expect("addr"));
-        assert!(!api.anonymous);
-        assert_eq!(api.token_webhook, Some(Duration::from_secs(120)));
-        assert_eq!(
-            api.authorization,
-            Authorization::Webhook {
-                allow_ttl: Duration::from_secs(300),
-                deny_ttl: Duration::from_secs(30)
-            }
-        );
-        assert_eq!(
-            cfg.secure_serving(&none, false),
-            Ok(None),
-            "standalone without a way to authenticate"
-        );
-        let text = "kind: KubeletConfiguration\naddress: 127.0.0.1\nport: 11250\nauthentication: {x509: {clientCAFile: /etc/ca.crt}}\n";
-        let cfg = KubeletConfiguration::parse(text, Path::new("c.yaml")).expect("valid");
-        let standalone = cfg
-            .secure_serving(&none, false)
-            .expect("valid")
-            .expect("served");
-        assert_eq!(standalone.address, "127.0.0.1:11250".parse().expect("addr"));
-        assert_eq!(standalone.authorization, Authorization::AlwaysAllow);
-        assert_eq!(
-            standalone.client_ca_file.as_deref(),
-            Some(Path::new("/etc/ca.crt"))
-        );
-        let webhook = SecureFlags {
-            authorization_mode: Some("Webhook".into()),
-            ..SecureFlags::default()
-        };
-        assert!(
-            cfg.secure_serving(&webhook, false)
-                .expect_err("no API")
-                .contains("needs an API server")
-        );
-        let odd = SecureFlags {
-            authorization_mode: Some("RBAC".into()),
-            ..SecureFlags::default()
-        };
-        assert_eq!(
-            cfg.secure_serving(&odd, true),
-            Err("unknown authorization mode RBAC".into())
-        );
-        let off = SecureFlags {
-            port: Some(0),
-            ..SecureFlags::default()
-        };
-        assert_eq!(cfg.secure_serving(&off, true), Ok(None));
     }
 
     #[test]

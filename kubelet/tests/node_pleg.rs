@@ -762,9 +762,16 @@ async fn an_init_oom_kill_is_oom_killed_from_the_kernel() {
 
 /// `evlet diag -o json …` against `agent`: the parsed JSON.
 async fn diag(agent: &Running, args: &[&str]) -> serde_json::Value {
-    let address = agent.handles.address.to_string();
+    let socket = agent
+        .handles
+        .local_socket
+        .clone()
+        .expect("the local socket");
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_evlet"))
-        .args(["diag", "--address", &address, "-o", "json"])
+        .arg("diag")
+        .arg("--socket")
+        .arg(&socket)
+        .args(["-o", "json"])
         .args(args)
         .output()
         .await
@@ -884,7 +891,9 @@ async fn evlet_diag_shows_the_oom_kill_and_timeline_across_a_restart() {
 
             // The human table shows the same timeline.
             let table = tokio::process::Command::new(env!("CARGO_BIN_EXE_evlet"))
-                .args(["diag", "--address", &agent.handles.address.to_string()])
+                .arg("diag")
+                .arg("--socket")
+                .arg(agent.handles.local_socket.clone().expect("the local socket"))
                 .args(["pod", &format!("default/{kill_pod}")])
                 .output()
                 .await

@@ -1,5 +1,6 @@
 //! The volume manager on the real runtime: emptyDir on disk and in memory,
-//! hostPath types, downwardAPI files, fsGroup, subPath and subPathExpr, a
+//! hostPath types, downwardAPI files, fsGroup (also while the container
+//! swaps its files for symlinks to the host's), subPath and subPathExpr, a
 //! symlink planted to escape a subPath, unsupported types refused, and
 //! teardown (also across an agent restart) that leaves nothing mounted.
 //! Pods write what they see into a host directory mounted at `/out`.
@@ -207,6 +208,104 @@ async fn fs_group_gives_a_non_root_container_a_writable_empty_dir() {
             assert_eq!((made.uid(), made.gid()), (1000, 2000), "setgid directory gives new files the group");
             let root = std::fs::metadata(&data).expect("volume");
             assert_eq!((root.gid(), root.mode() & 0o2000), (2000, 0o2000));
+            agent.stop().await;
+        },
+    )
+    .await;
+}
+
+/// Owner, group and mode of each path.
+fn owners(paths: &[PathBuf]) -> Vec<(u32, u32, u32)> {
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::symlink_metadata(p).expect("host file");
+            (m.uid(), m.gid(), m.mode() & 0o7777)
+        })
+        .collect()
+}
+
+/// Runs the fsGroup walk over `volume` `times` times, off the async threads.
+async fn walk(volume: &Path, times: usize) {
+    let volume = volume.to_owned();
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..times {
+            // Its outcome is in what the walk changed; the test looks at that.
+            let _ = evlet::volume::ownership::apply(&volume, 4321, false, false);
+        }
+    })
+    .await
+    .expect("walks");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fs_group_never_changes_a_host_file_a_container_swaps_into_its_empty_dir() {
+    e2e(
+        "fs_group_never_changes_a_host_file_a_container_swaps_into_its_empty_dir",
+        |w| async move {
+            // A file and a directory of the host's that the pod cannot reach,
+            // and whose names it writes as symlinks into its emptyDir, in
+            // place of files and directories, again and again.
+            let host = tempfile::tempdir().expect("host");
+            let victim = host.path().join("victim");
+            let victim_dir = host.path().join("victim-dir");
+            let inner = victim_dir.join("inner");
+            std::fs::write(&victim, "host\n").expect("victim");
+            std::fs::create_dir(&victim_dir).expect("victim dir");
+            std::fs::write(&inner, "host\n").expect("inner");
+            for (p, mode) in [(&victim, 0o600), (&victim_dir, 0o700), (&inner, 0o600)] {
+                std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                    .expect("chmod");
+            }
+            let watched = [victim.clone(), victim_dir.clone(), inner.clone()];
+            let before = owners(&watched);
+            let swap = format!(
+                "cd /data; while :; do for n in 0 1 2 3 4 5 6 7; do rm -rf f$n d$n; ln -s {f} f$n; ln -s {d} d$n; rm -f f$n d$n; echo x > f$n; mkdir d$n; echo y > d$n/x; done; touch started; done",
+                f = victim.display(),
+                d = victim_dir.display(),
+            );
+            w.write(
+                "swap.yaml",
+                &format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: swap}}\nspec:\n  terminationGracePeriodSeconds: 1\n  securityContext: {{fsGroup: 4321}}\n  volumes: [{{name: data, emptyDir: {{}}}}]\n  containers:\n  - name: app\n    image: {IMAGE}\n    command: [sh, -c, '{swap}']\n    volumeMounts: [{{name: data, mountPath: /data}}]\n"
+                ),
+            );
+            let agent = w.start().await;
+            let pod = w.pod_name("swap");
+            agent.running_id(&pod, "app").await;
+            let data = pod_dir(&agent, &w, &pod).join("volumes/kubernetes.io~empty-dir/data");
+            eventually(Duration::from_secs(30), "the container swapping its entries", || async {
+                data.join("started").exists().then_some(())
+            })
+            .await;
+            // The walk the agent runs at set-up, run over and over while the
+            // container swaps; then an agent restart, whose syncs set the
+            // volume up again (before the fix, every sync walked it), and
+            // more walks.
+            let mut walks = 0;
+            let started = std::time::Instant::now();
+            while started.elapsed() < Duration::from_secs(8) {
+                walk(&data, 100).await;
+                walks += 100;
+                assert_eq!(owners(&watched), before, "a host file changed after {walks} walks");
+            }
+            agent.stop().await;
+            let agent = w.start().await;
+            agent.running_id(&pod, "app").await;
+            let started = std::time::Instant::now();
+            while started.elapsed() < Duration::from_secs(6) {
+                walk(&data, 100).await;
+                walks += 100;
+                assert_eq!(owners(&watched), before, "a host file changed after {walks} walks and a restart");
+            }
+            let root = std::fs::metadata(&data).expect("volume");
+            assert_eq!((root.gid(), root.mode() & 0o2000), (4321, 0o2000), "the volume itself has the group");
+            w.remove("swap.yaml");
+            eventually(Duration::from_secs(30), "the pod's directory gone", || async {
+                (!data.exists()).then_some(())
+            })
+            .await;
+            assert_eq!(owners(&watched), before, "the teardown left the host files alone");
             agent.stop().await;
         },
     )

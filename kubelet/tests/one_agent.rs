@@ -19,7 +19,7 @@ fn a_second_agent_on_the_same_root_dir_exits_naming_the_holder() -> Result<()> {
             "--container-runtime-endpoint",
             "unix:///nonexistent/cri.sock",
         ])
-        .args(["--address", "127.0.0.1:0"])
+        .args(["--address", "127.0.0.1", "--healthz-port", "0"])
         .output()
         .context("running evlet")?;
     let stderr = String::from_utf8_lossy(&out.stderr);

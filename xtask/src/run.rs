@@ -20,7 +20,8 @@ use crate::containerd::Version;
 use crate::node::Node;
 use crate::{paths, setup, sh};
 
-/// Where `run` serves `/healthz`, `/pods`, `/metrics`.
+/// Where `run` serves `/healthz`, `/pods`, `/metrics` (the read-only port,
+/// `--address 127.0.0.1 --read-only-port 10255`).
 const ADDRESS: &str = "127.0.0.1:10255";
 
 fn get(path: &str) -> Result<String> {
@@ -189,7 +190,9 @@ pub fn run(
             "--hostname-override",
             NODE_NAME,
             "--address",
-            ADDRESS,
+            "127.0.0.1",
+            "--read-only-port",
+            "10255",
         ])
         .args(args);
     // Ctrl-C (SIGINT to the whole terminal group) or a SIGTERM to this task

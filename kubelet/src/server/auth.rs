@@ -5,18 +5,18 @@
 //! allowed; then each request maps to checks on `nodes/<node>` subresources
 //! that `AlwaysAllow` passes or the API server decides (SubjectAccessReview,
 //! allowed and denied answers cached apart). A request that fails gets
-//! upstream's 401 or 403 text before any handler (or stream) runs.
+//! upstream's 401 or 403 text before any handler (or stream) runs. The
+//! caches are bounded by entries as well as TTL ([`auth_cache`]).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use futures_util::future::BoxFuture;
 use sha2::{Digest as _, Sha256};
-use tokio::time::Instant;
 
-use crate::lock::lock;
+use super::auth_cache::{self, TtlCache};
 
 /// Who made a request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -174,21 +174,26 @@ type AccessKey = (String, Vec<String>, Check);
 #[derive(Debug)]
 pub struct Auth {
     settings: Settings,
-    tokens: Mutex<HashMap<TokenKey, (Option<User>, Instant)>>,
-    access: Mutex<HashMap<AccessKey, (bool, Instant)>>,
+    /// TokenReview answers (a valid token's user, or None), by the token's
+    /// SHA-256, each for `cacheTTL`.
+    tokens: TtlCache<TokenKey, Option<User>>,
+    /// SubjectAccessReview answers, each for its allow or deny TTL.
+    access: TtlCache<AccessKey, bool>,
 }
-
-/// Entries a cache may hold before expired ones are swept.
-const CACHE_SWEEP_AT: usize = 4096;
 
 impl Auth {
     /// An authenticator and authorizer with `settings`.
     pub fn new(settings: Settings) -> Self {
         Self {
             settings,
-            tokens: Mutex::default(),
-            access: Mutex::default(),
+            tokens: TtlCache::new(auth_cache::TOKENS),
+            access: TtlCache::new(auth_cache::DECISIONS),
         }
+    }
+
+    /// Token answers cached now (bounded by [`auth_cache::TOKENS`]).
+    pub fn cached_tokens(&self) -> usize {
+        self.tokens.len()
     }
 
     /// Authenticates and authorizes `method path`: `cert` is the verified
@@ -218,22 +223,14 @@ impl Auth {
         }
         if let (Some(token), Some((reviews, ttl))) = (bearer(headers), &self.settings.tokens) {
             let key: TokenKey = Sha256::digest(token.as_bytes()).into();
-            let cached = lock(&self.tokens)
-                .get(&key)
-                .filter(|(_, at)| at.elapsed() < *ttl)
-                .map(|(u, _)| u.clone());
-            let user = match cached {
+            let user = match self.tokens.get(&key) {
                 Some(user) => user,
                 None => {
                     let answer = reviews.review_token(&token).await.map_err(|e| {
                         tracing::warn!(error = %e, "unable to authenticate the request due to an error");
                         Refused::Unauthorized
                     })?;
-                    let mut cache = lock(&self.tokens);
-                    if cache.len() >= CACHE_SWEEP_AT {
-                        cache.retain(|_, (_, at)| at.elapsed() < *ttl);
-                    }
-                    cache.insert(key, (answer.clone(), Instant::now()));
+                    self.tokens.insert(key, answer.clone(), *ttl);
                     answer
                 }
             };
@@ -264,11 +261,7 @@ impl Auth {
         };
         for check in &checks {
             let key = (user.name.clone(), user.groups.clone(), *check);
-            let cached = lock(&self.access).get(&key).and_then(|(allowed, at)| {
-                let ttl = if *allowed { allow_ttl } else { deny_ttl };
-                (at.elapsed() < *ttl).then_some(*allowed)
-            });
-            let allowed = match cached {
+            let allowed = match self.access.get(&key) {
                 Some(a) => a,
                 None => {
                     let answer = reviews
@@ -281,12 +274,8 @@ impl Auth {
                                 user.name, check.verb, check.subresource
                             ))
                         })?;
-                    let mut cache = lock(&self.access);
-                    if cache.len() >= CACHE_SWEEP_AT {
-                        let longest = (*allow_ttl).max(*deny_ttl);
-                        cache.retain(|_, (_, at)| at.elapsed() < longest);
-                    }
-                    cache.insert(key, (answer, Instant::now()));
+                    let ttl = if answer { *allow_ttl } else { *deny_ttl };
+                    self.access.insert(key, answer, ttl);
                     answer
                 }
             };
@@ -357,6 +346,9 @@ mod tests {
         assert_eq!(subs("GET", "/containerLogs/ns/p/c"), ["proxy"]);
         assert_eq!(subs("POST", "/exec/ns/p/c"), ["proxy"]);
         assert_eq!(subs("GET", "/logs/syslog"), ["log"]);
+        assert_eq!(subs("GET", "/debug/pleg"), ["proxy"], "evlet's diagnostics");
+        assert_eq!(subs("GET", "/events"), ["proxy"]);
+        assert_eq!(subs("GET", "/pods/ns/p"), ["pods", "proxy"]);
         assert_eq!(
             subs("GET", "/statsfoo"),
             ["proxy"],
@@ -459,6 +451,29 @@ mod tests {
         assert_eq!(
             a.check(None, &HeaderMap::new(), "GET", "/pods").await,
             Err(Refused::Unauthorized)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_bad_tokens_holds_a_bounded_number_of_cached_answers() {
+        let api = Arc::new(Api::default());
+        let a = auth(&api, false);
+        let flood = auth_cache::TOKENS + 1000;
+        for i in 0..flood {
+            assert_eq!(
+                a.check(None, &headers(&format!("bad-{i}")), "GET", "/pods")
+                    .await,
+                Err(Refused::Unauthorized)
+            );
+        }
+        assert_eq!(a.cached_tokens(), auth_cache::TOKENS, "bounded by entries");
+        a.check(None, &headers("good"), "GET", "/exec/a/b/c")
+            .await
+            .expect("a good token still authenticates");
+        assert_eq!(
+            api.token_reviews.load(Ordering::SeqCst),
+            u32::try_from(flood + 1).expect("count"),
+            "each new token is reviewed once"
         );
     }
 

@@ -221,10 +221,59 @@ pub async fn stream(runtime: RuntimeClient, id: String, request: LogRequest) -> 
     Response::builder()
         .status(StatusCode::OK)
         .header("Content-Type", "text/plain")
-        .body(Body::from_stream(
+        .body(Body::from_stream(FlushedEnd::new(
             tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
+        )))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// A body stream that ends one poll after its last item: hyper flushes what
+/// it wrote when the body is pending, so the last data chunk goes out (its
+/// own TLS record) before the terminating `0\r\n\r\n` chunk.
+///
+/// Upstream's kubelet flushes every write of a log (`flushwriter`), so its
+/// end chunk never travels with data. Go's HTTP client returns the last data
+/// together with `io.EOF` when both are in one record, and the API server's
+/// websocket log streaming (`wsstream.messageCopy`) drops data that comes
+/// with `io.EOF`: `kubectl logs` over a websocket, and the conformance spec
+/// "Pods should support retrieving logs from the container over websockets",
+/// got an empty log from evlet whenever a short log fit one write.
+struct FlushedEnd<S> {
+    /// The log's chunks.
+    inner: S,
+    /// The inner stream ended and one `Pending` was returned since.
+    ended: bool,
+}
+
+impl<S> FlushedEnd<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            ended: false,
+        }
+    }
+}
+
+impl<S: futures_util::Stream + Unpin> futures_util::Stream for FlushedEnd<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match std::pin::Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Ready(None) => {
+                self.ended = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
 }
 
 struct Reader {
@@ -477,5 +526,158 @@ mod tests {
             "tails count records"
         );
         assert_eq!(read(None, Some(6)).await, "one\ntw");
+    }
+
+    /// Records what the server writes between flushes.
+    struct Flushes {
+        current: Vec<u8>,
+        flushed: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl tokio::io::AsyncRead for Flushes {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            // The request was read already (see below); the client waits.
+            std::task::Poll::Pending
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Flushes {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.current.extend_from_slice(buf);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if !self.current.is_empty() {
+                let chunk = std::mem::take(&mut self.current);
+                self.flushed.lock().expect("lock").push(chunk);
+            }
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            self.poll_flush(cx)
+        }
+    }
+
+    #[tokio::test]
+    async fn the_end_chunk_is_flushed_apart_from_the_last_data() {
+        // A whole log sent before the body is first polled: the case where
+        // data and end used to share one write (and one TLS record).
+        let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+        tx.send(Ok(Bytes::from_static(b"container is alive\n")))
+            .await
+            .expect("send");
+        drop(tx);
+        let body = Body::from_stream(FlushedEnd::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let flushed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let io = Flushes {
+            current: Vec::new(),
+            flushed: std::sync::Arc::clone(&flushed),
+        };
+        let body = std::sync::Mutex::new(Some(body));
+        let service = hyper::service::service_fn(move |_req| {
+            let body = body
+                .lock()
+                .expect("lock")
+                .take()
+                .unwrap_or_else(Body::empty);
+            async move {
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(StatusCode::OK)
+                        .body(body)
+                        .expect("response"),
+                )
+            }
+        });
+        // hyper reads the request from a prefix of the IO.
+        let request = b"GET /containerLogs/ns/p/c HTTP/1.1\r\nHost: k\r\n\r\n".to_vec();
+        let io = Prefixed {
+            prefix: request,
+            io,
+        };
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(500), conn).await;
+        let flushed = flushed.lock().expect("lock").clone();
+        let text: Vec<String> = flushed
+            .iter()
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect();
+        let data = text
+            .iter()
+            .position(|t| t.contains("container is alive"))
+            .expect("the data was written");
+        let end = text
+            .iter()
+            .position(|t| t.ends_with("0\r\n\r\n"))
+            .expect("the end chunk was written");
+        assert!(
+            end > data && !text[data].contains("0\r\n\r\n"),
+            "the end chunk shares a flush with the data: {text:?}"
+        );
+    }
+
+    /// Reads `prefix` first, then whatever `io` gives.
+    struct Prefixed {
+        prefix: Vec<u8>,
+        io: Flushes,
+    }
+
+    impl tokio::io::AsyncRead for Prefixed {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if self.prefix.is_empty() {
+                return std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+            }
+            let n = self.prefix.len().min(buf.remaining());
+            let head: Vec<u8> = self.prefix.drain(..n).collect();
+            buf.put_slice(&head);
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Prefixed {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+        }
+
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+        }
     }
 }

@@ -1,10 +1,12 @@
 //! The secured port (upstream's 10250): TLS, every request authenticated and
 //! authorized before its handler runs, and the endpoints operators reach
-//! through the API server: everything the read-only port serves, plus
-//! container logs, exec, attach, port-forward, `/run`, `/runningpods/` and
-//! `/configz`.
+//! through the API server: upstream's read-only routes, evlet's diagnostics
+//! (`/pods/{namespace}/{name}`, `/events`, `/debug/*`: `nodes/proxy`), plus
+//! container logs, exec, attach, port-forward, `/run` and `/configz`. Its
+//! connections are served under the port's [`Limits`](super::Limits); one is
+//! established (no longer closed for a newer one) when a request on it is
+//! authenticated.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -14,13 +16,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use axum::routing::{any, get, post};
 use evlet_cri::ContainerId;
-use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt as _;
 
-use super::Served;
 use super::auth::{Auth, User};
-use super::{logs, streaming};
+use super::connection::{self, Serving, Shown};
+use super::limits::{Gate, Slot};
+use super::{Served, logs, routes, streaming};
 use crate::workers::PodView;
 
 /// The verified client certificate's user of a connection, if any.
@@ -30,20 +31,21 @@ struct PeerUser(Option<User>);
 #[derive(Debug, Clone)]
 struct Secure {
     served: Arc<Served>,
-    auth: Arc<Auth>,
 }
 
-async fn authenticate(State(s): State<Secure>, req: Request, next: Next) -> Response {
+async fn authenticate(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
     let cert = req.extensions().get::<PeerUser>().and_then(|p| p.0.clone());
     let path = req.uri().path().to_owned();
     let method = req.method().as_str().to_owned();
-    match s
-        .auth
+    match auth
         .check(cert.as_ref(), req.headers(), &method, &path)
         .await
     {
         Ok(user) => {
             tracing::debug!(user = %user.name, %method, %path, "kubelet API request");
+            if let Some(slot) = req.extensions().get::<Slot>() {
+                slot.established();
+            }
             next.run(req).await
         }
         Err(refused) => (refused.status(), refused.to_string()).into_response(),
@@ -326,12 +328,17 @@ async fn configz(State(s): State<Secure>) -> Response {
     axum::Json(serde_json::json!({ "kubeletconfig": s.served.configz })).into_response()
 }
 
-/// The secured router: the read-only routes and the operator endpoints,
-/// all behind authentication and authorization.
+/// `router` behind authentication and authorization: nothing in it runs
+/// for a request `auth` refuses.
+pub fn protect(router: Router, auth: Arc<Auth>) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(auth, authenticate))
+}
+
+/// The secured router: upstream's routes, evlet's diagnostics and the
+/// operator endpoints, all behind authentication and authorization.
 pub fn router(served: Arc<Served>, auth: Arc<Auth>) -> Router {
     let state = Secure {
         served: Arc::clone(&served),
-        auth,
     };
     let operator = Router::new()
         .route(
@@ -344,77 +351,58 @@ pub fn router(served: Arc<Served>, auth: Arc<Auth>) -> Router {
         .route("/run/{*path}", post(run))
         .route("/configz", get(configz))
         .with_state(state.clone());
-    super::router(served)
-        .merge(operator)
-        .layer(axum::middleware::from_fn_with_state(state, authenticate))
+    let all = routes::common(Arc::clone(&served))
+        .merge(routes::diagnostics(Arc::clone(&served)))
+        .merge(operator);
+    protect(all, auth)
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown`. Each connection's
-/// verified client certificate (if any) is handed to the auth layer.
+/// Serves `router` over TLS on `listener` under `gate`'s limits until
+/// `shutdown`. Each connection's verified client certificate (if any) is
+/// handed to the auth layer.
 pub fn serve(
     listener: tokio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
     router: Router,
+    gate: Arc<Gate>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                () = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting a kubelet API connection failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
+    let limits = *gate.limits();
+    let serving = Serving {
+        router,
+        limits,
+        shown: Shown::Authenticated,
+        shutdown: shutdown.clone(),
+    };
+    connection::accept_loop(
+        listener,
+        gate,
+        shutdown,
+        move |tcp: tokio::net::TcpStream, slot| {
             let acceptor = acceptor.clone();
-            let router = router.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let tls = match tokio::time::timeout(
-                    std::time::Duration::from_secs(10),
-                    acceptor.accept(tcp),
-                )
-                .await
-                {
+            let serving = serving.clone();
+            async move {
+                let peer = tcp.peer_addr().ok();
+                let handshake = tokio::select! {
+                    () = slot.closed() => return,
+                    done = tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tcp)) => done,
+                };
+                let tls = match handshake {
                     Ok(Ok(t)) => t,
                     Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        tracing::debug!(?peer, error = %e, "TLS handshake failed");
                         return;
                     }
-                    Err(_) => return,
+                    Err(_) => {
+                        tracing::debug!(?peer, "TLS handshake timed out");
+                        return;
+                    }
                 };
-                let user = PeerUser(super::tls::peer_user(tls.get_ref().1));
-                let service = hyper::service::service_fn(
-                    move |mut req: hyper::Request<hyper::body::Incoming>| {
-                        req.extensions_mut().insert(user.clone());
-                        router.clone().oneshot(req.map(axum::body::Body::new))
-                    },
-                );
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), service)
-                    .with_upgrades();
-                tokio::select! {
-                    () = shutdown.cancelled() => {}
-                    result = conn => if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "kubelet API connection ended");
-                    },
-                }
-            });
-        }
-    })
-}
-
-/// Binds the secured port.
-///
-/// # Errors
-/// The address cannot be bound (names it).
-pub async fn bind(address: SocketAddr) -> Result<tokio::net::TcpListener, std::io::Error> {
-    tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))
+                let mut extensions = axum::http::Extensions::new();
+                extensions.insert(PeerUser(super::tls::peer_user(tls.get_ref().1)));
+                connection::serve(tls, slot, serving, extensions).await;
+            }
+        },
+    )
 }

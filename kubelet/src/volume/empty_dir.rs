@@ -51,6 +51,37 @@ pub fn set_up(dir: &Path, memory: Option<u64>) -> Result<(), String> {
     set_mode()
 }
 
+/// Upstream's emptyDir readiness: the ready file exists and so does the
+/// volume (a tmpfs on it for a memory-backed one). A ready file without its
+/// volume (removed by hand) is removed, so the volume is set up again.
+pub fn is_ready(dir: &Path, ready: &Path, memory: bool) -> bool {
+    if !ready.exists() {
+        return false;
+    }
+    let there = if memory {
+        super::mount::fs_type(dir).as_deref() == Some("tmpfs")
+    } else {
+        dir.is_dir()
+    };
+    if !there {
+        tracing::warn!(ready = %ready.display(), volume = %dir.display(), "the volume's ready file exists but the volume does not; setting it up again");
+        let _ = std::fs::remove_file(ready);
+    }
+    there
+}
+
+/// Writes the ready file (upstream's `SetReady`: `<pod>/plugins/<plugin>/<volume>/ready`).
+///
+/// # Errors
+/// What failed, naming the file.
+pub fn mark_ready(ready: &Path) -> Result<(), String> {
+    if let Some(parent) = ready.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    std::fs::write(ready, b"").map_err(|e| format!("cannot write {}: {e}", ready.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +128,19 @@ mod tests {
         set_up(&v, None).expect("set up");
         let mode = std::fs::metadata(&v).expect("meta").permissions().mode();
         assert_eq!(mode & 0o777, 0o777);
+    }
+
+    #[test]
+    fn a_disk_volume_is_ready_once_marked_and_not_after_it_is_removed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let v = dir.path().join("v");
+        let ready = dir.path().join("plugins/kubernetes.io~empty-dir/v/ready");
+        assert!(!is_ready(&v, &ready, false), "never set up");
+        set_up(&v, None).expect("set up");
+        mark_ready(&ready).expect("ready");
+        assert!(is_ready(&v, &ready, false));
+        std::fs::remove_dir(&v).expect("rmdir");
+        assert!(!is_ready(&v, &ready, false), "the volume is gone");
+        assert!(!ready.exists(), "and so is its stale ready file");
     }
 }

@@ -415,6 +415,15 @@ fn node_affinity_ok(pv: &PersistentVolume, facts: &NodeFacts) -> bool {
     )
 }
 
+/// Applies `fsGroup` at set-up; a failure is logged and the volume still
+/// set up, as upstream's emptyDir ignores `ChangePermissions`' error.
+fn change_ownership(dir: &Path, gid: u32, read_only: bool, on_root_mismatch: bool) {
+    match ownership::apply(dir, gid, read_only, on_root_mismatch) {
+        Ok(walked) => tracing::debug!(volume = %dir.display(), gid, ?walked, "fsGroup applied"),
+        Err(e) => tracing::warn!(error = %e, "fsGroup not applied"),
+    }
+}
+
 /// Sets volume `v` of `pod` up under the pod's directory `pod_dir`.
 ///
 /// # Errors
@@ -445,10 +454,21 @@ pub(super) fn set_up(
                 ));
             }
         };
-        let size = memory.then(|| empty_dir::memory_size(node.memory, pod, ed.size_limit.as_ref()));
-        empty_dir::set_up(&dir, size).map_err(|e| set_up_failed(v, e))?;
-        if let Some(gid) = fs_group {
-            ownership::apply(&dir, gid, false, on_root_mismatch);
+        // Set up once, as upstream's emptyDir: its ready file says the
+        // directory (and its fsGroup) are done, so a later sync never walks
+        // what the pod's containers write.
+        let ready = pod_dir
+            .join("plugins/kubernetes.io~empty-dir")
+            .join(&v.name)
+            .join("ready");
+        if !empty_dir::is_ready(&dir, &ready, memory) {
+            let size =
+                memory.then(|| empty_dir::memory_size(node.memory, pod, ed.size_limit.as_ref()));
+            empty_dir::set_up(&dir, size).map_err(|e| set_up_failed(v, e))?;
+            if let Some(gid) = fs_group {
+                change_ownership(&dir, gid, false, on_root_mismatch);
+            }
+            empty_dir::mark_ready(&ready).map_err(|e| set_up_failed(v, e))?;
         }
         return Ok(Ready {
             path: dir,
@@ -477,7 +497,7 @@ pub(super) fn set_up(
             .map_err(|e| set_up_failed(v, e))?;
             let set_perms = |ts: &Path| {
                 if let Some(gid) = fs_group {
-                    ownership::apply(ts, gid, true, false);
+                    change_ownership(ts, gid, true, false);
                 }
             };
             atomic::write(&dir, &files, &set_perms).map_err(|e| set_up_failed(v, e.to_string()))?;
@@ -530,7 +550,7 @@ pub(super) fn set_up(
                     set_up_failed(v, format!("mount {} at {}: {e}", local.path, dir.display()))
                 })?;
                 if let (Some(gid), false) = (fs_group, read_only) {
-                    ownership::apply(&dir, gid, false, on_root_mismatch);
+                    change_ownership(&dir, gid, false, on_root_mismatch);
                 }
             }
             Ok(Ready {
