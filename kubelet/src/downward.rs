@@ -120,19 +120,19 @@ pub enum ResourceError {
     /// A resource value or divisor that is not a quantity.
     #[error(transparent)]
     Quantity(#[from] quantity::InvalidQuantity),
-    /// A divisor of zero.
-    #[error("divisor must not be 0")]
-    ZeroDivisor,
 }
 
 /// Container `c`'s `resource` (`limits.cpu`, `requests.memory`, ...) of
 /// `pod` in units of `divisor`, rounded up (upstream's
-/// `ExtractContainerResourceValue`). A limit the container does not set is
+/// `ExtractContainerResourceValue`). A zero divisor is 1 (1 core for CPU), as
+/// upstream's: the API server stores an unset `divisor` as `"0"`, so this is
+/// what every `resourceFieldRef` written without one carries. A limit the
+/// container does not set is
 /// the pod's own (`spec.resources`), else the node's `allocatable`, as
 /// upstream's `defaultPodLimitsForDownwardAPI` fills it in.
 ///
 /// # Errors
-/// [`ResourceError`] for an unknown resource, a bad quantity or a zero divisor.
+/// [`ResourceError`] for an unknown resource or a bad quantity.
 pub fn resource(
     pod: &Pod,
     c: &Container,
@@ -182,12 +182,13 @@ pub fn resource(
     let div = match divisor {
         Some(d) if cpu => quantity::parse_milli(d)?,
         Some(d) => quantity::parse(d)?,
-        None if cpu => 1000,
-        None => 1,
+        None => 0,
     };
-    if div == 0 {
-        return Err(ResourceError::ZeroDivisor);
-    }
+    let div = match div {
+        0 if cpu => 1000,
+        0 => 1,
+        d => d,
+    };
     Ok(((value + div - 1) / div).to_string())
 }
 
@@ -229,6 +230,12 @@ mod tests {
         let own = pod("  resources: {limits: {cpu: 500m, memory: 1Gi}}\n");
         assert_eq!(get(&own, "limits.cpu", Some("1m")), "500");
         assert_eq!(get(&own, "limits.cpu", None), "1", "rounded up");
+        // The API server stores an unset divisor as "0": upstream reads 1.
+        assert_eq!(get(&own, "limits.cpu", Some("0")), "1");
+        assert_eq!(
+            get(&own, "limits.memory", Some("0")),
+            (64u64 << 20).to_string()
+        );
         assert_eq!(
             get(&own, "limits.memory", Some("1Mi")),
             "64",

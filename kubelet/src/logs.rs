@@ -77,35 +77,35 @@ pub fn tail_bytes(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The text of the last `lines` log lines of a CRI log file, partial records
-/// joined, at most `max_bytes` of it (the end kept): upstream's
-/// `readLastStringFromContainerLogs` for termination messages.
+/// The text of the last `lines` lines of a CRI log file, at most `max_bytes`
+/// of it (the end kept): upstream's `readLastStringFromContainerLogs` for
+/// termination messages. As upstream's `ReadLogs` with `tailLines`, the lines
+/// counted are the file's (records; a line that is not one counts and is
+/// skipped), and a record's text is followed by a newline only when the
+/// record is full (`F`): a container that wrote `DONE` without one and exited
+/// (a last `P` record) ends its message with `DONE`, not `DONE\n`.
 ///
 /// # Errors
 /// The IO error reading the file.
 pub fn last_text(path: &Path, lines: usize, max_bytes: usize) -> std::io::Result<String> {
-    // A line of text can be spread over many records; read enough of the end.
-    let bytes = tail_bytes(path, (max_bytes as u64 + 256) * 8)?;
+    // Enough of the end for the records that make up the last `max_bytes`.
+    let window = (max_bytes as u64 + 256) * 8;
+    let bytes = tail_bytes(path, window)?;
     let text = String::from_utf8_lossy(&bytes);
-    let mut joined: Vec<String> = Vec::new();
-    let mut open = false;
-    for line in text.lines() {
+    let mut all: Vec<&str> = text.lines().collect();
+    if bytes.len() as u64 == window && !all.is_empty() {
+        // The window may start inside a record.
+        all.remove(0);
+    }
+    let mut out = String::new();
+    for line in &all[all.len().saturating_sub(lines)..] {
         let Ok(r) = parse(line) else {
             continue;
         };
-        if open {
-            if let Some(last) = joined.last_mut() {
-                last.push_str(r.text);
-            }
-        } else {
-            joined.push(r.text.to_owned());
+        out.push_str(r.text);
+        if !r.partial {
+            out.push('\n');
         }
-        open = r.partial;
-    }
-    let start = joined.len().saturating_sub(lines);
-    let mut out = joined[start..].join("\n");
-    if !out.is_empty() {
-        out.push('\n');
     }
     if out.len() > max_bytes {
         let mut cut = out.len() - max_bytes;
@@ -256,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn the_last_lines_join_partial_records_and_keep_the_end() {
+    fn the_last_lines_count_records_end_full_ones_with_a_newline_and_keep_the_end() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("0.log");
         std::fs::write(
@@ -268,8 +268,17 @@ mod tests {
              2026-01-01T00:00:02Z stdout F three\n",
         )
         .expect("write");
-        assert_eq!(last_text(&path, 2, 2048).expect("tail"), "two\nthree\n");
+        // Upstream's tailLines counts the file's lines, records or not.
+        assert_eq!(last_text(&path, 2, 2048).expect("tail"), "three\n");
+        assert_eq!(last_text(&path, 3, 2048).expect("tail"), "o\nthree\n");
+        assert_eq!(last_text(&path, 4, 2048).expect("tail"), "two\nthree\n");
         assert_eq!(last_text(&path, 80, 6).expect("tail"), "three\n");
         assert!(last_text(&dir.path().join("missing"), 1, 10).is_err());
+        // `echo -n DONE; false`: the last record is partial, and so is the
+        // message (the conformance spec "should report termination message
+        // from log output if TerminationMessagePolicy FallbackToLogsOnError
+        // is set" wants "DONE").
+        std::fs::write(&path, "2026-01-01T00:00:00Z stdout P DONE\n").expect("write");
+        assert_eq!(last_text(&path, 80, 2048).expect("tail"), "DONE");
     }
 }

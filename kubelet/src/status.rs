@@ -120,6 +120,17 @@ fn before<'a>(
     statuses.and_then(|all| all.iter().find(|st| st.name == name))
 }
 
+/// A container of a pod with init containers that the runtime has not made
+/// yet waits with `PodInitializing`, else `ContainerCreating`: upstream's
+/// `convertToAPIContainerStatuses` default, for init and app containers alike.
+fn default_waiting(spec: &k8s_openapi::api::core::v1::PodSpec) -> &'static str {
+    if spec.init_containers.as_ref().is_some_and(|i| !i.is_empty()) {
+        "PodInitializing"
+    } else {
+        "ContainerCreating"
+    }
+}
+
 fn container_status(
     spec: &Container,
     runtime: &PodStatus,
@@ -127,6 +138,7 @@ fn container_status(
     probes: Option<&PodProbes>,
     run_to_completion: bool,
     previous: Option<&V1ContainerStatus>,
+    default_waiting: &str,
 ) -> V1ContainerStatus {
     let latest = runtime.latest(&spec.name);
     // A container that terminated and is gone from the runtime since (the
@@ -142,7 +154,7 @@ fn container_status(
         Some(c) => state_of(c),
         None => ContainerState {
             waiting: Some(ContainerStateWaiting {
-                reason: Some("ContainerCreating".into()),
+                reason: Some(default_waiting.into()),
                 message: None,
             }),
             ..Default::default()
@@ -336,6 +348,7 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
                 extra.probes,
                 run_to_completion,
                 before(previous_inits, &c.name),
+                default_waiting(&spec),
             )
         })
         .collect();
@@ -370,6 +383,7 @@ pub fn compute(pod: &Pod, runtime: &PodStatus, extra: &Extra<'_>) -> V1PodStatus
                 extra.probes,
                 false,
                 before(previous_apps, &c.name),
+                default_waiting(&spec),
             )
         })
         .collect();
@@ -568,6 +582,38 @@ mod tests {
         );
         assert_eq!(st.pod_ip.as_deref(), Some("10.88.0.5"));
         assert_eq!(st.qos_class.as_deref(), Some("BestEffort"));
+    }
+
+    #[test]
+    fn containers_of_a_pod_with_init_containers_wait_with_pod_initializing() {
+        let waiting = |st: &[V1ContainerStatus]| {
+            st[0]
+                .state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .and_then(|w| w.reason.clone())
+        };
+        let st = compute(&pod("Never"), &runtime(vec![]), &Extra::default());
+        let inits = st.init_container_statuses.expect("init statuses");
+        let apps = st.container_statuses.expect("statuses");
+        assert_eq!(waiting(&inits).as_deref(), Some("PodInitializing"));
+        assert_eq!(waiting(&apps).as_deref(), Some("PodInitializing"));
+        // While the init container runs, the app container still waits so.
+        let st = compute(
+            &pod("Never"),
+            &runtime(vec![instance("init", State::Running, 0, "", 0, 10)]),
+            &Extra::default(),
+        );
+        let apps = st.container_statuses.expect("statuses");
+        assert_eq!(waiting(&apps).as_deref(), Some("PodInitializing"));
+        let plain: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [{"name": "app", "image": "i"}]}
+        }))
+        .expect("pod");
+        let st = compute(&plain, &runtime(vec![]), &Extra::default());
+        let apps = st.container_statuses.expect("statuses");
+        assert_eq!(waiting(&apps).as_deref(), Some("ContainerCreating"));
     }
 
     #[test]

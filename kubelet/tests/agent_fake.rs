@@ -1,8 +1,10 @@
 //! The whole agent (`agent::start`) over the fake runtime: fast, unprivileged
 //! tests of what the wiring promises — orphans wait for every source, an
 //! unusable eBPF falls back to `generic`, the HTTP endpoint serves health,
-//! metrics, pods and the kernel's OOM records, and the eviction manager's
-//! container reclaim removes dead containers at once.
+//! metrics, pods and the kernel's OOM records, each port serves its own
+//! routes (the read-only port upstream's, the diagnostics only on the
+//! secured port and the local socket), and the eviction manager's container
+//! reclaim removes dead containers at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,7 +45,10 @@ fn config(server: &FakeServer, root: &tempfile::TempDir, manifests: &tempfile::T
         runtime_endpoint: server.endpoint(),
         cgroup_root: "/evlet-fake-agent".into(),
         cgroup_driver: evlet::cm::Driver::Cgroupfs,
-        address: "127.0.0.1:0".parse().expect("address"),
+        http: evlet::config::HttpEndpoints {
+            read_only: Some("127.0.0.1:0".parse().expect("address")),
+            ..Default::default()
+        },
         file_check_frequency: Duration::from_millis(200),
         http_check_frequency: Duration::from_millis(200),
         node_ip: Some("10.0.0.9".into()),
@@ -105,7 +110,7 @@ async fn start(server: FakeServer, edit: impl FnOnce(&mut Config)) -> Agent {
 
 /// A GET through the agent's router: status code and body.
 async fn get(agent: &Agent, path: &str) -> (u16, String) {
-    let router = evlet::server::router(Arc::clone(&agent.handles.served));
+    let router = evlet::server::local::router(Arc::clone(&agent.handles.served));
     let response = within(
         Duration::from_secs(5),
         path,
@@ -437,4 +442,132 @@ async fn the_cgroup_driver_is_the_runtimes() {
     );
     let agent = start(server, |_| {}).await;
     assert_eq!(agent.handles.served.configz["cgroupDriver"], "cgroupfs");
+}
+
+/// `curl` of `url` with `args`: status and body.
+async fn curl(args: &[&str], url: &str) -> (u16, String) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("status");
+    (code.parse().expect("code"), body.to_owned())
+}
+
+/// Upstream's read-only port serves health, pods, stats and metrics, and
+/// refuses its operator paths; evlet's diagnostics (whose timelines carry
+/// probe output) are on the secured port, as `nodes/proxy`, and on the
+/// root-only local socket; the healthz port answers `ok`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_read_only_port_keeps_to_upstreams_paths_and_the_diagnostics_need_the_secured_port_or_the_node()
+ {
+    let server = FakeServer::start(&[IMAGE]).await.expect("fake runtime");
+    let agent = start(server, |c| {
+        c.http.healthz = Some("127.0.0.1:0".parse().expect("addr"));
+        c.http.local_socket = Some(c.root_dir.join(evlet::server::local::SOCKET));
+        c.secure = Some(evlet::config::SecureServing {
+            address: "127.0.0.1:0".parse().expect("addr"),
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            client_ca_file: None,
+            anonymous: true,
+            token_webhook: None,
+            authorization: evlet::config::Authorization::AlwaysAllow,
+        });
+    })
+    .await;
+    let ro = format!("http://{}", agent.handles.address.expect("read-only port"));
+    for path in [
+        "/healthz",
+        "/pods",
+        "/metrics",
+        "/metrics/probes",
+        "/metrics/resource",
+    ] {
+        assert_eq!(curl(&[], &format!("{ro}{path}")).await.0, 200, "{path}");
+    }
+    for path in [
+        "/debug/oom",
+        "/debug/pleg",
+        "/debug/pods/default/p/timeline",
+        "/containerLogs/default/p/c",
+    ] {
+        assert_eq!(
+            curl(&[], &format!("{ro}{path}")).await,
+            (405, "Debug endpoints are disabled.\n".into()),
+            "{path}"
+        );
+    }
+    for path in ["/events", "/pods/default/p"] {
+        assert_eq!(curl(&[], &format!("{ro}{path}")).await.0, 404, "{path}");
+    }
+    let secure = format!(
+        "https://{}",
+        agent.handles.secure_address.expect("secured port")
+    );
+    assert_eq!(
+        curl(&["-k"], &format!("{secure}/debug/oom")).await,
+        (200, "[]".into())
+    );
+    assert_eq!(curl(&["-k"], &format!("{secure}/events")).await.0, 200);
+    let socket = agent.handles.local_socket.clone().expect("local socket");
+    let socket = socket.to_str().expect("a UTF-8 path");
+    assert_eq!(
+        curl(&["--unix-socket", socket], "http://localhost/debug/oom").await,
+        (200, "[]".into())
+    );
+    assert_eq!(
+        curl(&["--unix-socket", socket], "http://localhost/healthz")
+            .await
+            .0,
+        200
+    );
+    let mode = std::fs::metadata(socket).expect("socket").permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600,
+        "root only"
+    );
+    let healthz = format!(
+        "http://{}/healthz",
+        agent.handles.healthz_address.expect("healthz")
+    );
+    assert_eq!(curl(&[], &healthz).await, (200, "ok".into()));
+    // `evlet diag` reads the diagnostics on the node over the socket, and
+    // from elsewhere from the secured port with a kubeconfig's credentials
+    // (here none: this port lets anonymous users in).
+    let kubeconfig = agent._root.path().join("diag.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://192.0.2.1:6443'}}]\nusers: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+    )
+    .expect("kubeconfig");
+    for how in [
+        vec!["--socket".to_owned(), socket.to_owned()],
+        vec![
+            "--kubeconfig".to_owned(),
+            kubeconfig.display().to_string(),
+            "--server".to_owned(),
+            secure.clone(),
+            "--insecure-skip-tls-verify".to_owned(),
+        ],
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_evlet"))
+            .arg("diag")
+            .args(&how)
+            .args(["-o", "json", "pleg"])
+            .output()
+            .await
+            .expect("evlet diag");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("\"mode\": \"generic\""),
+            "diag {how:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

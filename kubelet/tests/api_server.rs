@@ -436,6 +436,7 @@ async fn the_pod_watch_sends_this_nodes_pods_and_relists_after_410_gone() {
     tokio::spawn(pods::run(
         api.client(),
         "n1".into(),
+        std::future::ready(()),
         tx,
         mirrors_tx,
         token.clone(),

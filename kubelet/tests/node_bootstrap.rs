@@ -564,7 +564,10 @@ async fn node_bootstraps_registers_restarts_and_rotates_over_the_fake_runtime() 
         runtime_endpoint: server.endpoint(),
         cgroup_root: "/evlet-fake-bootstrap".into(),
         cgroup_driver: evlet::cm::Driver::Cgroupfs,
-        address: "127.0.0.1:0".parse().expect("address"),
+        http: evlet::config::HttpEndpoints {
+            read_only: Some("127.0.0.1:0".parse().expect("address")),
+            ..Default::default()
+        },
         file_check_frequency: Duration::from_secs(2),
         http_check_frequency: Duration::from_secs(20),
         node_ip: Some(proxyable_ip(&format!("boot-fake-{}", std::process::id()))),

@@ -6,25 +6,38 @@
 //! runs on the hybrid hosts (cgroup v1 files) and in `cargo xtask vm-test`'s
 //! guests on pure cgroup v2 (the v2 files, and the containers' group OOM
 //! kill that upstream asks for there).
+//!
+//! The API-mode test joins the real control plane when `EVLET_E2E_CLUSTER`
+//! names one (the scheduler places its pods; a RuntimeClass gives one its
+//! overhead), else the mock: the qemu guests have no control plane.
 
 #[path = "support/apiserver.rs"]
 mod apiserver;
+#[path = "support/cluster.rs"]
+mod cluster;
 mod support;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use apiserver::MockApi;
-use evlet::api::ApiClient;
+use cluster::{Api, Backend, api_e2e};
 use evlet_testkit::eventually;
 use serde_json::{Value, json};
 use support::{IMAGE, World, e2e};
 
-fn api_pod(w: &World, name: &str, resources: Value) -> Value {
-    json!({"metadata": {"name": w.pod_name(name), "namespace": "default"},
-           "spec": {"nodeName": w.name, "terminationGracePeriodSeconds": 1,
-                    "containers": [{"name": "app", "image": IMAGE, "command": ["sleep", "3600"],
-                                    "resources": resources}]}})
+fn api_pod(api: &Api, w: &World, name: &str, resources: Value) -> Value {
+    api.pod(
+        w,
+        name,
+        json!({"terminationGracePeriodSeconds": 1,
+               "containers": [{"name": "app", "image": IMAGE, "command": ["sleep", "3600"],
+                               "resources": resources}]}),
+    )
+}
+
+/// A pod's UID.
+fn uid(pod: &Value) -> String {
+    pod["metadata"]["uid"].as_str().expect("uid").to_owned()
 }
 
 /// The host's cgroup files: v1 controllers (hybrid hosts) or pure v2.
@@ -177,12 +190,13 @@ fn cgroup_path(root: &str, parts: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
-    e2e(
+    api_e2e(
         "node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs",
-        |w| async move {
-            let api = MockApi::new();
+        Backend::RealOrMock,
+        |w, api| async move {
+            let ns = api.ns();
             let mut config = w.config();
-            config.api = Some(ApiClient::over(api.service()));
+            config.api = Some(api.agent_client().await);
             let reserved = |pairs: &[(&str, &str)]| {
                 evlet::cm::allocatable::parse_reserved(
                     "test",
@@ -226,6 +240,7 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
             // The Node's allocatable: also minus the hard memory threshold (100Mi).
             let node = eventually(Duration::from_secs(20), "the Node", || async {
                 api.get("nodes", "", &w.name)
+                    .await
                     .filter(|n| !n["status"]["allocatable"].is_null())
             })
             .await;
@@ -247,27 +262,36 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
 
             // With a RuntimeClass's overhead (the API server copies it into
             // the spec): it adds to the pod cgroup's requests and limits.
+            let overhead = json!({"cpu": "50m", "memory": "32Mi"});
             let mut guaranteed = api_pod(
+                &api,
                 &w,
                 "guaranteed",
                 json!({"limits": {"cpu": "200m", "memory": "64Mi"}}),
             );
-            guaranteed["spec"]["overhead"] = json!({"cpu": "50m", "memory": "32Mi"});
-            api.create("pods", "default", guaranteed);
-            api.create(
-                "pods",
-                "default",
-                api_pod(
-                    &w,
-                    "burstable",
-                    json!({"requests": {"cpu": "100m"}, "limits": {"memory": "128Mi"}}),
-                ),
+            if api.is_real() {
+                let class = format!("overhead-{}", w.name);
+                api.create(
+                    "runtimeclasses",
+                    "",
+                    json!({"metadata": {"name": class},
+                    "handler": "runc", "overhead": {"podFixed": overhead}}),
+                )
+                .await;
+                guaranteed["spec"]["runtimeClassName"] = json!(class);
+            } else {
+                guaranteed["spec"]["overhead"] = overhead;
+            }
+            let guaranteed = uid(&api.create("pods", ns, guaranteed).await);
+            let burstable = api_pod(
+                &api,
+                &w,
+                "burstable",
+                json!({"requests": {"cpu": "100m"}, "limits": {"memory": "128Mi"}}),
             );
-            api.create("pods", "default", api_pod(&w, "besteffort", json!({})));
-            let uid = |name: &str| {
-                let pod = api.get("pods", "default", &w.pod_name(name)).expect("pod");
-                pod["metadata"]["uid"].as_str().expect("uid").to_owned()
-            };
+            let burstable = uid(&api.create("pods", ns, burstable).await);
+            let besteffort = api_pod(&api, &w, "besteffort", json!({}));
+            let besteffort = uid(&api.create("pods", ns, besteffort).await);
             for name in ["guaranteed", "burstable", "besteffort"] {
                 let pod = w.pod_name(name);
                 agent
@@ -276,20 +300,16 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
                     })
                     .await;
             }
-            let g = path(&["kubepods", &format!("pod{}", uid("guaranteed"))]);
+            let g = path(&["kubepods", &format!("pod{guaranteed}")]);
             assert_eq!(cg.shares(&g), cg.expect_shares(256));
             assert_eq!(cg.quota(&g), "25000 100000");
             assert_eq!(cg.memory(&g), (96 << 20).to_string());
             assert_eq!(cg.read("pids", &g, "pids.max"), "512");
-            let b = path(&["kubepods", "burstable", &format!("pod{}", uid("burstable"))]);
+            let b = path(&["kubepods", "burstable", &format!("pod{burstable}")]);
             assert_eq!(cg.shares(&b), cg.expect_shares(102));
             assert_eq!(cg.quota(&b), cg.expect_no_quota(), "no CPU limit declared");
             assert_eq!(cg.memory(&b), (128 << 20).to_string());
-            let e = path(&[
-                "kubepods",
-                "besteffort",
-                &format!("pod{}", uid("besteffort")),
-            ]);
+            let e = path(&["kubepods", "besteffort", &format!("pod{besteffort}")]);
             assert_eq!(cg.shares(&e), cg.expect_shares(2));
             assert_eq!(cg.read("pids", &e, "pids.max"), "512");
             // The burstable tier follows its pods' requests (housekeeping, 2 s).
@@ -344,15 +364,15 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
             );
             // A pod that completed keeps neither its cgroup nor its volumes
             // (upstream's SyncTerminatedPod), while it stays Succeeded.
-            let mut done = api_pod(&w, "done", json!({"requests": {"cpu": "10m"}}));
+            let mut done = api_pod(&api, &w, "done", json!({"requests": {"cpu": "10m"}}));
             done["spec"]["restartPolicy"] = json!("Never");
             done["spec"]["containers"][0]["command"] = json!(["true"]);
             done["spec"]["containers"][0]["volumeMounts"] =
                 json!([{"name": "scratch", "mountPath": "/scratch"}]);
             done["spec"]["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
-            api.create("pods", "default", done);
-            let d = path(&["kubepods", "burstable", &format!("pod{}", uid("done"))]);
-            let done_dir = w.root.path().join("pods").join(uid("done"));
+            let done = uid(&api.create("pods", ns, done).await);
+            let d = path(&["kubepods", "burstable", &format!("pod{done}")]);
+            let done_dir = w.root.path().join("pods").join(&done);
             agent
                 .wait_status(
                     &w.pod_name("done"),
@@ -369,12 +389,12 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
             .await;
             // The burstable tier's shares leave it once the QoS cgroups are
             // brought in line (every minute; not waited for here).
-            api.delete_pod("default", &w.pod_name("done"), Some(0));
+            api.delete_pod(ns, &w.pod_name("done"), Some(0)).await;
             // An orphan's cgroup goes too: the burstable pod, deleted while
             // the agent is down, is found in the runtime with no spec to tell
             // its QoS class.
             agent.stop().await;
-            api.delete_pod("default", &w.pod_name("burstable"), Some(0));
+            api.delete_pod(ns, &w.pod_name("burstable"), Some(0)).await;
             // A pod cgroup of a pod the runtime no longer has either (as
             // after a node's runtime state was wiped) goes too, as upstream's
             // cleanupOrphanedPodCgroups removes it. With the systemd driver
@@ -402,7 +422,7 @@ async fn node_allocatable_and_pod_cgroups_carry_the_limits_of_the_specs() {
             let stray = Stray::spawn();
             cg.enter(&g, stray.pid());
             for name in ["guaranteed", "besteffort"] {
-                api.delete_pod("default", &w.pod_name(name), Some(0));
+                api.delete_pod(ns, &w.pod_name(name), Some(0)).await;
             }
             let killed = eventually(
                 Duration::from_secs(30),

@@ -14,21 +14,26 @@
 //!
 //! An emptyDir written past its `sizeLimit`, and a container writing past its
 //! `limits.ephemeral-storage`, evict their pods, and only them.
+//!
+//! The agent joins the real control plane (`support/cluster.rs`): the
+//! scheduler places the pods, and the node lifecycle controller taints the
+//! node while it reports MemoryPressure.
 
 #[path = "support/apiserver.rs"]
 mod apiserver;
+#[path = "support/cluster.rs"]
+mod cluster;
 mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use apiserver::MockApi;
-use evlet::api::ApiClient;
+use cluster::{Api, Backend, api_e2e};
 use evlet::machine::NodeMemory;
 use evlet_testkit::eventually;
 use serde_json::{Value, json};
-use support::{IMAGE, World, e2e};
+use support::{IMAGE, World};
 
 /// How far below the available memory at the start the threshold sits, and
 /// how much the Guaranteed hog takes (well past it; other tests on the machine
@@ -93,12 +98,6 @@ impl Drop for Sampler {
     }
 }
 
-fn api_pod(w: &World, name: &str, spec: Value) -> Value {
-    let mut spec = spec;
-    spec["nodeName"] = json!(w.name);
-    json!({"metadata": {"name": w.pod_name(name), "namespace": "default"}, "spec": spec})
-}
-
 fn sleeper(resources: Value) -> Value {
     json!({"containers": [{"name": "app", "image": IMAGE, "command": ["sleep", "3600"],
                            "resources": resources}],
@@ -118,25 +117,10 @@ async fn running(w: &World, pod: &str) -> usize {
         .len()
 }
 
-async fn phase(api: &MockApi, pod: &str, phase: &str, limit: Duration) -> Value {
-    eventually(limit, &format!("{pod} {phase} in the API"), || async {
-        api.get("pods", "default", pod)
-            .filter(|p| p["status"]["phase"] == phase)
-    })
-    .await
-}
-
-/// The agent's configuration in API-server mode with `evictionHard`'s
-/// `memory.available` at `threshold` (the kernel's notification as `kernel`
-/// says, else the default).
-fn memory_config(
-    w: &World,
-    api: &MockApi,
-    threshold: u64,
-    kernel: Option<bool>,
-) -> evlet::config::Config {
+/// The agent's configuration with `evictionHard`'s `memory.available` at
+/// `threshold` (the kernel's notification as `kernel` says, else the default).
+fn memory_config(w: &World, threshold: u64, kernel: Option<bool>) -> evlet::config::Config {
     let mut config = w.config();
-    config.api = Some(ApiClient::over(api.service()));
     config.eviction = evlet::eviction::thresholds::parse(&evlet::eviction::thresholds::Config {
         hard: Some(
             [(
@@ -154,32 +138,35 @@ fn memory_config(
 
 /// One run: the agent, a Guaranteed and a BestEffort sleeper, then the hog.
 /// Returns the time from the crossing to the eviction decision.
-async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
-    let api = MockApi::new();
+/// Each round is a new agent of the same node: what it leaves in the API is
+/// deleted at its end.
+async fn hog_is_evicted(w: &Arc<World>, api: &Api, round: &str, kernel: bool) -> Duration {
+    let ns = api.ns();
     let threshold = available().saturating_sub(MARGIN);
-    let agent = w
-        .start_with(memory_config(w, &api, threshold, Some(kernel)))
+    let agent = api
+        .start(w, memory_config(w, threshold, Some(kernel)))
         .await;
     let guaranteed = format!("guaranteed{round}");
     let besteffort = format!("besteffort{round}");
     let hog = format!("hog{round}");
     api.create(
         "pods",
-        "default",
-        api_pod(
+        ns,
+        api.pod(
             w,
             &guaranteed,
             sleeper(json!({"requests": {"memory": "64Mi", "cpu": "100m"},
                            "limits": {"memory": "64Mi", "cpu": "100m"}})),
         ),
-    );
-    api.create(
-        "pods",
-        "default",
-        api_pod(w, &besteffort, sleeper(json!({}))),
-    );
+    )
+    .await;
+    api.create("pods", ns, api.pod(w, &besteffort, sleeper(json!({}))))
+        .await;
     for p in [&guaranteed, &besteffort] {
-        phase(&api, &w.pod_name(p), "Running", Duration::from_secs(30)).await;
+        // The node's memory-pressure taint of the round before goes once
+        // this agent reports no pressure; the scheduler places them then.
+        api.wait_phase(&w.pod_name(p), "Running", Duration::from_secs(60))
+            .await;
     }
     let sampler = Sampler::start(threshold);
     // Sized now: memory another test held when the threshold was set may have
@@ -187,8 +174,8 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
     let hog_mib = (available().saturating_sub(threshold) >> 20) + PAST_MIB;
     api.create(
         "pods",
-        "default",
-        api_pod(
+        ns,
+        api.pod(
             w,
             &hog,
             json!({"containers": [{"name": "hog", "image": IMAGE,
@@ -196,9 +183,11 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
                                    "resources": {"requests": {"memory": "64Mi"},
                                                  "limits": {"memory": format!("{}Mi", hog_mib + 512)}}}]}),
         ),
-    );
+    ).await;
     let hog_name = w.pod_name(&hog);
-    let failed = phase(&api, &hog_name, "Failed", Duration::from_secs(60)).await;
+    let failed = api
+        .wait_phase(&hog_name, "Failed", Duration::from_secs(60))
+        .await;
     assert_eq!(failed["status"]["reason"], "Evicted", "{failed:#}");
     let message = failed["status"]["message"].as_str().unwrap_or_default();
     assert!(
@@ -228,14 +217,24 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
     let latency = decided.as_nanosecond() - i128::from(crossed);
     drop(sampler);
     // `/debug/eviction` names the pass that evicted and what woke it.
-    let (code, _, body) = support::http_get(agent.handles.address, "/debug/eviction").await;
+    // The diagnostics are on the node-local socket (and the secured port), not the read-only port.
+    let socket = agent
+        .handles
+        .local_socket
+        .clone()
+        .expect("the local socket");
+    let (code, body) = evlet::server::local::Client::new(socket)
+        .get("/debug/eviction")
+        .await
+        .expect("/debug/eviction");
+    let body = String::from_utf8_lossy(&body).into_owned();
     assert_eq!(code, 200);
     let journal: Value = serde_json::from_str(&body).expect("JSON");
     let acted = journal["acting"]
         .as_array()
         .and_then(|a| {
             a.iter()
-                .find(|p| p["evicted"] == format!("default/{hog_name}"))
+                .find(|p| p["evicted"] == format!("{ns}/{hog_name}"))
         })
         .unwrap_or_else(|| panic!("no acting pass evicted the hog: {journal:#}"));
     assert_eq!(acted["signal"], "memory.available");
@@ -257,7 +256,7 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
     )
     .await;
     for p in [&guaranteed, &besteffort] {
-        let pod = api.get("pods", "default", &w.pod_name(p)).expect("pod");
+        let pod = api.get("pods", ns, &w.pod_name(p)).await.expect("pod");
         assert_eq!(pod["status"]["phase"], "Running", "{p} was not evicted");
     }
     // The node reports MemoryPressure; a BestEffort pod is refused while it lasts.
@@ -265,7 +264,7 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
         Duration::from_secs(20),
         "MemoryPressure on the node",
         || async {
-            let node = api.get("nodes", "", &w.name)?;
+            let node = api.get("nodes", "", &w.name).await?;
             node["status"]["conditions"]
                 .as_array()?
                 .iter()
@@ -284,7 +283,7 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
         Duration::from_secs(20),
         "the memory-pressure taint",
         || async {
-            let node = api.get("nodes", "", &w.name)?;
+            let node = api.get("nodes", "", &w.name).await?;
             node["spec"]["taints"]
                 .as_array()?
                 .iter()
@@ -295,16 +294,21 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
         },
     )
     .await;
+    // Bound past the scheduler, which keeps pods off the tainted node: the
+    // kubelet's own refusal is under test.
     let late = format!("late{round}");
-    api.create("pods", "default", api_pod(w, &late, sleeper(json!({}))));
-    let refused = phase(&api, &w.pod_name(&late), "Failed", Duration::from_secs(30)).await;
+    api.create("pods", ns, api.bound_pod(w, &late, sleeper(json!({}))))
+        .await;
+    let refused = api
+        .wait_phase(&w.pod_name(&late), "Failed", Duration::from_secs(30))
+        .await;
     assert_eq!(refused["status"]["reason"], "Evicted");
     assert_eq!(
         refused["status"]["message"],
         "The node had condition: [MemoryPressure]. "
     );
-    for p in [&guaranteed, &besteffort] {
-        api.delete_pod("default", &w.pod_name(p), Some(0));
+    for p in [&guaranteed, &besteffort, &hog, &late] {
+        api.delete_pod(ns, &w.pod_name(p), Some(0)).await;
     }
     agent.stop().await;
     Duration::from_nanos(u64::try_from(latency.max(0)).unwrap_or(0))
@@ -313,11 +317,12 @@ async fn hog_is_evicted(w: &Arc<World>, round: &str, kernel: bool) -> Duration {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
     let _memory = support::node_memory_lock(true).await;
-    e2e(
+    api_e2e(
         "a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold",
-        |w| async move {
-            let kernel = hog_is_evicted(&w, "k", true).await;
-            let timer = hog_is_evicted(&w, "t", false).await;
+        Backend::Real,
+        |w, api| async move {
+            let kernel = hog_is_evicted(&w, &api, "k", true).await;
+            let timer = hog_is_evicted(&w, &api, "t", false).await;
             eprintln!(
                 "eviction decided after memory.available crossed the threshold: \
                  kernel notification {kernel:?}, 10 s timer {timer:?}"
@@ -338,19 +343,20 @@ async fn a_memory_hog_is_evicted_when_memory_available_crosses_the_threshold() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more() {
     let _memory = support::node_memory_lock(true).await;
-    e2e(
+    api_e2e(
         "a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more",
-        |w| async move {
-            let api = MockApi::new();
+        Backend::Real,
+        |w, api| async move {
+            let ns = api.ns();
             let threshold = available().saturating_sub(MARGIN);
-            let agent = w.start_with(memory_config(&w, &api, threshold, None)).await;
+            let agent = api.start(&w, memory_config(&w, threshold, None)).await;
             api.create(
                 "pods",
-                "default",
-                api_pod(&w, "besteffort", sleeper(json!({}))),
-            );
+                ns,
+                api.pod(&w, "besteffort", sleeper(json!({}))),
+            ).await;
             let besteffort = w.pod_name("besteffort");
-            phase(&api, &besteffort, "Running", Duration::from_secs(30)).await;
+            api.wait_phase(&besteffort, "Running", Duration::from_secs(30)).await;
             // The Guaranteed pod takes the node past the threshold, within its
             // own request: upstream ranks pods whose usage exceeds their
             // requests first (a BestEffort pod's request is 0), however much
@@ -358,8 +364,8 @@ async fn a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more() {
             let request = format!("{}Mi", HOG_MIB + 512);
             api.create(
                 "pods",
-                "default",
-                api_pod(
+                ns,
+                api.pod(
                     &w,
                     "guaranteed",
                     json!({"containers": [{"name": "hog", "image": IMAGE,
@@ -368,9 +374,9 @@ async fn a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more() {
                                                          "limits": {"memory": request, "cpu": "100m"}}}],
                            "terminationGracePeriodSeconds": 1}),
                 ),
-            );
+            ).await;
             let guaranteed = w.pod_name("guaranteed");
-            let failed = phase(&api, &besteffort, "Failed", Duration::from_secs(60)).await;
+            let failed = api.wait_phase(&besteffort, "Failed", Duration::from_secs(60)).await;
             assert_eq!(failed["status"]["reason"], "Evicted", "{failed:#}");
             let message = failed["status"]["message"].as_str().unwrap_or_default();
             assert!(
@@ -388,7 +394,7 @@ async fn a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more() {
                 .map(|e| e.pod)
                 .collect();
             assert_eq!(evicted.first(), Some(&besteffort), "{evicted:?}");
-            api.delete_pod("default", &guaranteed, Some(0));
+            api.delete_pod(ns, &guaranteed, Some(0)).await;
             agent.stop().await;
         },
     )
@@ -397,15 +403,15 @@ async fn a_besteffort_pod_is_evicted_before_a_guaranteed_one_that_uses_more() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn local_storage_over_its_limits_evicts_its_pod_only() {
-    e2e(
+    api_e2e(
         "local_storage_over_its_limits_evicts_its_pod_only",
-        |w| async move {
-            let api = MockApi::new();
+        Backend::Real,
+        |w, api| async move {
+            let ns = api.ns();
             let mut config = w.config();
-            config.api = Some(ApiClient::over(api.service()));
             // The container GC every 2 s (upstream: every minute).
             config.container_gc.period = Duration::from_secs(2);
-            let agent = w.start_with(config).await;
+            let agent = api.start(&w, config).await;
             let filler = |mib: u32| {
                 json!({
                     "containers": [{"name": "app", "image": IMAGE,
@@ -430,14 +436,14 @@ async fn local_storage_over_its_limits_evicts_its_pod_only() {
                      "resources": {"limits": {"ephemeral-storage": "100Mi"}}}],
                 "terminationGracePeriodSeconds": 30
             });
-            api.create("pods", "default", api_pod(&w, "over", filler(20)));
-            api.create("pods", "default", api_pod(&w, "layer", layer));
+            api.create("pods", ns, api.pod(&w, "over", filler(20))).await;
+            api.create("pods", ns, api.pod(&w, "layer", layer)).await;
             let mut under = filler(5);
             under["containers"][0]["resources"] = json!({"limits": {"ephemeral-storage": "50Mi"}});
-            api.create("pods", "default", api_pod(&w, "under", under));
+            api.create("pods", ns, api.pod(&w, "under", under)).await;
             let over = w.pod_name("over");
             // One pass every 10 s: the pod is Failed within two of them.
-            let failed = phase(&api, &over, "Failed", Duration::from_secs(45)).await;
+            let failed = api.wait_phase(&over, "Failed", Duration::from_secs(45)).await;
             assert_eq!(failed["status"]["reason"], "Evicted", "{failed:#}");
             assert_eq!(
                 failed["status"]["message"],
@@ -480,9 +486,10 @@ async fn local_storage_over_its_limits_evicts_its_pod_only() {
             .await;
             // A status computed after the removal (a changed pod makes the
             // worker compute one) still shows it.
-            api.modify("pods", "default", &over, |pod| {
+            api.modify("pods", ns, &over, |pod| {
                 pod["metadata"]["labels"] = json!({"touched": "after-gc"});
-            });
+            })
+            .await;
             let recomputed = eventually(
                 Duration::from_secs(10),
                 "a status computed for the changed pod",
@@ -502,24 +509,25 @@ async fn local_storage_over_its_limits_evicts_its_pod_only() {
                 app.state.as_ref().is_some_and(|s| s.terminated.is_some()),
                 "the terminated state stays: {app:?}"
             );
-            let patched = api.get("pods", "default", &over).expect("pod");
+            let patched = api.get("pods", ns, &over).await.expect("pod");
             assert!(
                 patched["status"]["containerStatuses"][0]["state"]["terminated"].is_object(),
                 "the terminated state stays: {patched:#}"
             );
             // The writable layer's usage comes from the runtime's snapshot
             // statistics (containerd refreshes them every 10 s).
-            let layer = phase(&api, &w.pod_name("layer"), "Failed", Duration::from_secs(60)).await;
+            let layer = api.wait_phase(&w.pod_name("layer"), "Failed", Duration::from_secs(60)).await;
             assert_eq!(layer["status"]["reason"], "Evicted", "{layer:#}");
             assert_eq!(
                 layer["status"]["message"],
                 "Container app exceeded its local ephemeral storage limit \"10Mi\". "
             );
             let under = api
-                .get("pods", "default", &w.pod_name("under"))
+                .get("pods", ns, &w.pod_name("under"))
+                .await
                 .expect("pod");
             assert_eq!(under["status"]["phase"], "Running", "{under:#}");
-            let (_, _, metrics) = support::http_get(agent.handles.address, "/metrics").await;
+            let (_, _, metrics) = support::http_get(agent.handles.address.expect("the read-only port"), "/metrics").await;
             assert!(
                 metrics
                     .lines()
@@ -532,7 +540,7 @@ async fn local_storage_over_its_limits_evicts_its_pod_only() {
                 ),
                 "and the container's"
             );
-            api.delete_pod("default", &w.pod_name("under"), Some(0));
+            api.delete_pod(ns, &w.pod_name("under"), Some(0)).await;
             agent.stop().await;
         },
     )

@@ -4,6 +4,10 @@
 //! (run once per containerd line with the node's environment), `kernel_*` need
 //! root and the host kernel's eBPF; all others are plain tests. The agent's
 //! end-to-end suite (`node_agent`) runs once per PLEG mode the line supports.
+//! Before the node stage the upstream control plane (`cargo xtask cluster up
+//! --version 1.34`) comes up, the API-mode suites join it
+//! (`EVLET_E2E_CLUSTER=<its cluster.env>`), and afterwards it is left as it
+//! was found: stopped again only if this run started it.
 //! Each fuzz target runs for a short bounded time (`--fuzz-time`), then
 //! `cargo xtask bench --quick` proves the benchmark harness works. A privileged
 //! test that cannot run fails under `CI=true` (see `evlet-testkit`).
@@ -16,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::cluster::{Cluster, Version as ClusterVersion};
 use crate::containerd::Version;
 use crate::node::Node;
 use crate::sh::cargo;
@@ -158,7 +163,13 @@ fn stage<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 /// One containerd line's node suites, run in a thread of its own against the
 /// line's own containerd; everything they print goes to `log`.
-fn run_line(node: &Node, node_targets: &[String], density: usize, log: &Path) -> Result<()> {
+fn run_line(
+    node: &Node,
+    node_targets: &[String],
+    density: usize,
+    cluster_env: &Path,
+    log: &Path,
+) -> Result<()> {
     let mut out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     // --no-fail-fast: every suite runs and reports, even after a failing one.
     let main = suite_mode(node.version);
@@ -176,6 +187,7 @@ fn run_line(node: &Node, node_targets: &[String], density: usize, log: &Path) ->
         cmd.envs(node.env())
             .env("EVLET_E2E_PLEG", mode)
             .env("EVLET_DENSITY_PODS", density.to_string())
+            .env("EVLET_E2E_CLUSTER", cluster_env)
             .stdout(out.try_clone()?)
             .stderr(out.try_clone()?);
         let line = format!(
@@ -204,8 +216,9 @@ fn run_line(node: &Node, node_targets: &[String], density: usize, log: &Path) ->
 /// other (their downloads share one private APT cache), then each line runs
 /// in parallel on its own containerd (two agents on one runtime would take
 /// each other's pods for orphans). Each line's output is printed whole when it
-/// ends.
-fn node_suites(options: &Options, node_targets: &[String]) -> Vec<String> {
+/// ends. The API-mode suites of every line join the one control plane whose
+/// `cluster.env` is `cluster_env`, each test as a node of its own.
+fn node_suites(options: &Options, node_targets: &[String], cluster_env: &Path) -> Vec<String> {
     let mut failures = Vec::new();
     let mut up = Vec::new();
     for version in &options.containerd {
@@ -230,7 +243,7 @@ fn node_suites(options: &Options, node_targets: &[String]) -> Vec<String> {
                     move || {
                         let started = Instant::now();
                         (
-                            run_line(node, node_targets, options.density_pods, &log),
+                            run_line(node, node_targets, options.density_pods, cluster_env, &log),
                             started.elapsed(),
                         )
                     }
@@ -263,6 +276,45 @@ fn node_suites(options: &Options, node_targets: &[String]) -> Vec<String> {
         }
     }
     failures
+}
+
+/// The upstream control plane (1.34, evlet's own minor) the API-mode node
+/// suites join, and whether this run started it: afterwards it is left as
+/// `up` found it.
+struct TestCluster {
+    /// The cluster.
+    cluster: Cluster,
+    /// True if no component ran before: this run stops it again.
+    started: bool,
+}
+
+impl TestCluster {
+    /// Brings the cluster up (idempotent), noting whether it was down.
+    fn up() -> Result<Self> {
+        let cluster = Cluster::new(ClusterVersion::V1_34);
+        let started = cluster.is_down();
+        cluster.up()?;
+        Ok(Self { cluster, started })
+    }
+
+    /// The `cluster.env` the node suites read (`EVLET_E2E_CLUSTER`).
+    fn env_file(&self) -> std::path::PathBuf {
+        self.cluster.env_file()
+    }
+
+    /// Stops the cluster if this run started it; one that was (even partly)
+    /// up before stays up.
+    fn leave(self) -> Result<()> {
+        if self.started {
+            self.cluster.down(false)
+        } else {
+            eprintln!(
+                "test: cluster {} was up before the run; left up",
+                self.cluster.version
+            );
+            Ok(())
+        }
+    }
 }
 
 /// A plain `cargo build` (PATH without `.tools/bin`, as a developer's shell
@@ -330,14 +382,17 @@ pub fn test(options: &Options) -> Result<()> {
         })?;
     }
     if !targets.node.is_empty() {
-        stage("node tests", || {
-            let failures = node_suites(options, &targets.node);
+        let cluster = stage("cluster up", TestCluster::up)?;
+        let tested = stage("node tests", || {
+            let failures = node_suites(options, &targets.node, &cluster.env_file());
             if failures.is_empty() {
                 Ok(())
             } else {
                 bail!("node tests failed:\n{}", failures.join("\n"))
             }
-        })?;
+        });
+        stage("cluster down (if started here)", || cluster.leave())?;
+        tested?;
     }
     if !options.no_bench {
         stage("bench --quick", || {

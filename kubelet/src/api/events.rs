@@ -102,6 +102,27 @@ pub fn object(e: &Event, node: &str, name: String) -> V1Event {
     }
 }
 
+/// Whether a failed write is worth another attempt. As client-go's recorder
+/// (`recordEvent`): not when the API server refused it, which it would do
+/// again (a namespace being deleted or gone, an invalid object); only when
+/// no answer came, or the server was overloaded (429, 5xx). Events go out one
+/// at a time, so each needless retry (1 s, then 2 s) held up every event
+/// behind it: after the conformance suite deleted its namespaces, a new pod's
+/// `Started` event came minutes late and specs that wait for it timed out.
+fn retryable(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        _ => true,
+    }
+}
+
+/// The event's namespace is gone or being deleted (expected at the end of a
+/// pod's life; upstream logs it quietly too).
+fn namespace_gone(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s)
+        if s.code == 404 || (s.code == 403 && s.message.contains("is being terminated")))
+}
+
 /// Sends the agent's events until `shutdown`.
 pub async fn run(
     client: kube::Client,
@@ -182,8 +203,13 @@ pub async fn run(
                     }
                     break;
                 }
-                Err(err) if attempt == ATTEMPTS => {
-                    tracing::warn!(pod = %format!("{}/{}", e.namespace, e.pod), reason = %e.reason, error = %err, "could not record event; dropped");
+                Err(err) if attempt == ATTEMPTS || !retryable(&err) => {
+                    if namespace_gone(&err) {
+                        tracing::debug!(pod = %format!("{}/{}", e.namespace, e.pod), reason = %e.reason, error = %err, "event for a namespace being deleted; dropped");
+                    } else {
+                        tracing::warn!(pod = %format!("{}/{}", e.namespace, e.pod), reason = %e.reason, error = %err, "could not record event; dropped");
+                    }
+                    break;
                 }
                 Err(_) => {
                     tokio::select! {
@@ -211,6 +237,30 @@ mod tests {
         assert_eq!(allowed, 25);
         assert!(!b.take(start + Duration::from_secs(299)));
         assert!(b.take(start + Duration::from_secs(301)));
+    }
+
+    #[test]
+    fn refusals_are_final_and_only_unanswered_or_overloaded_writes_are_retried() {
+        let api = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let terminating = api(
+            403,
+            "unable to create new content in namespace ns because it is being terminated",
+        );
+        assert!(!retryable(&terminating));
+        assert!(namespace_gone(&terminating));
+        assert!(!retryable(&api(404, "namespaces \"ns\" not found")));
+        assert!(namespace_gone(&api(404, "namespaces \"ns\" not found")));
+        assert!(!retryable(&api(422, "invalid")));
+        assert!(!namespace_gone(&api(422, "invalid")));
+        assert!(retryable(&api(429, "slow down")));
+        assert!(retryable(&api(503, "unavailable")));
+        assert!(retryable(&kube::Error::LinesCodecMaxLineLengthExceeded));
     }
 
     #[test]

@@ -408,6 +408,9 @@ fn labels_of(node: &Node) -> BTreeMap<String, String> {
 
 /// Sends the node status every [`STATUS_UPDATE`]: a strategic-merge patch of
 /// `nodes/<name>/status` when it changed (heartbeats aside) or every [`STATUS_REPORT`].
+/// Before each, brings the Node's pressure taints in line ([`pressure_taints`])
+/// until the API server refuses that with 403 (`NodeRestriction` forbids a
+/// node to modify its own taints); then never again.
 pub async fn run_status(
     client: kube::Client,
     input: NodeInput,
@@ -423,6 +426,9 @@ pub async fn run_status(
     // The pressure the Node's taints were last brought in line with (None:
     // not yet, or the last try failed).
     let mut tainted_for = None;
+    // Set once the API server refused the taints (`NodeRestriction` forbids
+    // a node to modify its own): its node lifecycle controller sets them.
+    let mut taints_forbidden = false;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -431,9 +437,13 @@ pub async fn run_status(
             Ok(()) = pressure.changed() => {}
         }
         let now = *pressure.borrow();
-        if tainted_for != Some(now) {
+        if tainted_for != Some(now) && !taints_forbidden {
             match reconcile_pressure_taints(&nodes, &input.name, now).await {
                 Ok(()) => tainted_for = Some(now),
+                Err(kube::Error::Api(status)) if status.code == 403 => {
+                    taints_forbidden = true;
+                    tracing::info!(node = %input.name, reason = %status.message, "the API server does not let this node set its pressure taints (NodeRestriction); leaving them to the node lifecycle controller");
+                }
                 Err(e) => {
                     tainted_for = None;
                     tracing::warn!(node = %input.name, error = %e, "updating the node's pressure taints failed");
@@ -583,6 +593,15 @@ impl SelfWatch {
             }
         });
         Self { store }
+    }
+
+    /// Resolves once the watch has stored its first list (the node
+    /// informer's `HasSynced`: the Node, or that there is none yet); never
+    /// if the watch stops before.
+    pub async fn synced(&self) {
+        if self.store.wait_until_ready().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// The Node as last seen, if it has been seen.

@@ -88,18 +88,29 @@ impl Store {
 /// pod, `None` if it is gone.
 type Pending = BTreeMap<PodUid, Option<Pod>>;
 
-/// Watches this node's pods until `shutdown`.
+/// Watches this node's pods until `shutdown`, from once `node_synced`
+/// resolves.
 ///
-/// The first complete list (and every relist) goes to the merger as a
-/// snapshot; after that only the pods that changed are sent, so one watch
-/// event costs the same at 10 pods and at 500.
+/// As upstream's pod source (`NewSourceApiserver` waits for the node
+/// informer's `HasSynced`), no pod is listed before the agent's watch of its
+/// own Node has its first list: admission then always judges a pod against
+/// the live Node (labels, taints), never against none. The first complete
+/// list (and every relist) goes to the merger as a snapshot; after that only
+/// the pods that changed are sent, so one watch event costs the same at 10
+/// pods and at 500.
 pub async fn run(
     client: kube::Client,
     node: String,
+    node_synced: impl std::future::Future<Output = ()> + Send,
     tx: mpsc::Sender<SourceMessage>,
     mirrors: watch::Sender<Mirrors>,
     shutdown: CancellationToken,
 ) {
+    tracing::debug!(node = %node, "waiting for the node watch to sync before watching pods");
+    tokio::select! {
+        () = shutdown.cancelled() => return,
+        () = node_synced => {}
+    }
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();

@@ -77,6 +77,12 @@ fn terminal(status: &V1PodStatus) -> bool {
 
 /// The patch upstream's status manager sends: the UID as a precondition and
 /// the whole status, with the order of its conditions.
+///
+/// Conditions merge by `type`, so a field a condition no longer has must be
+/// sent as `null` or the API server keeps the old one: upstream's two-way
+/// merge patch does that against the status it last saw. Here every
+/// condition's `reason` and `message` are always present, `null` when
+/// unset, so `Ready` turning `True` drops `ContainersNotReady` and its message.
 pub fn patch_body(uid: &str, status: &V1PodStatus) -> serde_json::Value {
     let order: Vec<serde_json::Value> = status
         .conditions
@@ -85,6 +91,19 @@ pub fn patch_body(uid: &str, status: &V1PodStatus) -> serde_json::Value {
         .map(|c| serde_json::json!({"type": c.type_}))
         .collect();
     let mut status = serde_json::to_value(status).unwrap_or_default();
+    if let Some(conditions) = status
+        .get_mut("conditions")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for c in conditions
+            .iter_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+        {
+            for field in ["reason", "message"] {
+                c.entry(field).or_insert(serde_json::Value::Null);
+            }
+        }
+    }
     if let Some(obj) = status.as_object_mut() {
         obj.insert("$setElementOrder/conditions".into(), order.into());
     }
@@ -401,6 +420,33 @@ mod tests {
         assert_eq!(
             body["status"]["$setElementOrder/conditions"],
             serde_json::json!([{"type": "Initialized"}, {"type": "Ready"}])
+        );
+    }
+
+    #[test]
+    fn a_condition_without_a_reason_or_message_clears_the_old_ones() {
+        let mut s = phase("Running");
+        s.conditions = Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+        let body = patch_body("u1", &s);
+        let ready = &body["status"]["conditions"][0];
+        assert_eq!(ready["status"], "True");
+        // null in a strategic merge patch removes the field the API server
+        // kept from `Ready=False` (ContainersNotReady).
+        assert!(ready.get("reason").is_some_and(serde_json::Value::is_null));
+        assert!(ready.get("message").is_some_and(serde_json::Value::is_null));
+        s.conditions = Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: Some("ContainersNotReady".into()),
+            ..Default::default()
+        }]);
+        assert_eq!(
+            patch_body("u1", &s)["status"]["conditions"][0]["reason"],
+            "ContainersNotReady"
         );
     }
 }

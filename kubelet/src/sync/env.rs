@@ -158,9 +158,6 @@ pub enum Problem {
     /// A resource value or divisor that is not a quantity.
     #[error(transparent)]
     Quantity(#[from] quantity::InvalidQuantity),
-    /// A divisor of zero.
-    #[error("divisor must not be 0")]
-    ZeroDivisor,
 }
 
 /// Why an env var could not be computed.
@@ -211,7 +208,6 @@ fn resource(
     crate::downward::resource(pod, c, &rt.allocatable, resource, divisor).map_err(|e| match e {
         crate::downward::ResourceError::Unsupported(r) => Problem::UnsupportedResource(r),
         crate::downward::ResourceError::Quantity(q) => Problem::Quantity(q),
-        crate::downward::ResourceError::ZeroDivisor => Problem::ZeroDivisor,
     })
 }
 

@@ -25,7 +25,14 @@ pub struct World {
     pub root: tempfile::TempDir,
     pub manifests: tempfile::TempDir,
     pub client: RuntimeClient,
+    /// Clean-ups of what the test made off the node (a real cluster's
+    /// namespace and Node object), run by [`e2e`] after the runtime's, also
+    /// when the test failed.
+    cleanups: std::sync::Mutex<Vec<Cleanup>>,
 }
+
+/// One clean-up [`World::on_cleanup`] registered.
+pub type Cleanup = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 pub struct Running {
     pub handles: Handles,
@@ -134,6 +141,15 @@ pub fn cgroup_driver() -> evlet::cm::Driver {
 }
 
 impl World {
+    /// Runs `cleanup` when the test ends, after the runtime's clean-up (in
+    /// registration order), whether the test passed or not.
+    pub fn on_cleanup(&self, cleanup: impl Future<Output = ()> + Send + 'static) {
+        self.cleanups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::pin(cleanup));
+    }
+
     pub fn config(&self) -> Config {
         Config {
             node_name: self.name.clone(),
@@ -143,7 +159,11 @@ impl World {
             runtime_endpoint: self.node.endpoint.clone(),
             cgroup_root: format!("{}/{}", self.node.cgroup_root, self.name),
             cgroup_driver: cgroup_driver(),
-            address: "127.0.0.1:0".parse().expect("address"),
+            http: evlet::config::HttpEndpoints {
+                read_only: Some("127.0.0.1:0".parse().expect("address")),
+                local_socket: Some(self.root.path().join(evlet::server::local::SOCKET)),
+                ..Default::default()
+            },
             file_check_frequency: Duration::from_secs(2),
             http_check_frequency: Duration::from_secs(20),
             node_ip: Some("127.0.0.1".into()),
@@ -401,6 +421,7 @@ where
         root: tempfile::tempdir().expect("root"),
         manifests: tempfile::tempdir().expect("manifests"),
         client,
+        cleanups: Default::default(),
     });
     let outcome = tokio::spawn(body(world.clone())).await;
     if outcome.is_err() {
@@ -409,6 +430,10 @@ where
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
     world.cleanup().await;
+    let cleanups = std::mem::take(&mut *world.cleanups.lock().unwrap_or_else(|p| p.into_inner()));
+    for cleanup in cleanups {
+        cleanup.await;
+    }
     if let Err(err) = outcome {
         std::panic::resume_unwind(err.into_panic());
     }

@@ -5,7 +5,9 @@
 //! to one loopback machine: plain-HTTP etcd on 127.0.0.1, the apiserver on its
 //! own port with Node and RBAC authorization, bootstrap tokens and
 //! `NodeRestriction`, and the controller manager signing kubelet CSRs with the
-//! cluster CA. Building the lists is pure, so they are unit-tested here.
+//! cluster CA. The apiserver writes an audit log of every request a node makes
+//! ([`AUDIT_POLICY`]), which evlet's tests read to see what the agent sent.
+//! Building the lists is pure, so they are unit-tested here.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -22,6 +24,26 @@ pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
 /// The service-account token issuer (as local-up-cluster and kubeadm).
 pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc";
+
+/// The apiserver's audit policy: every request of a node (group
+/// `system:nodes`) at `Request` level (metadata and request body, not the
+/// response), nothing else. Tests read it as the record of what a kubelet
+/// sent, filtered by its user `system:node:<name>`; the `RequestReceived`
+/// stage is left out (a request is logged when its response starts, for a
+/// watch, and when it completes).
+pub const AUDIT_POLICY: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Request
+  userGroups: [\"system:nodes\"]
+- level: None
+";
+
+/// The audit log's size before the apiserver rotates it (MiB), and how many
+/// rotated files it keeps: a full test run writes well under the size.
+const AUDIT_LOG_MAX_MIB: u32 = 200;
 
 /// Where one cluster's pieces are: directories, binaries, ports, addresses.
 #[derive(Debug, Clone)]
@@ -64,6 +86,27 @@ impl Layout {
     /// The kubectl built for this cluster's release.
     pub fn kubectl(&self) -> PathBuf {
         self.bin.join("kubectl")
+    }
+
+    /// The apiserver's audit policy file ([`AUDIT_POLICY`], written by `up`).
+    pub fn audit_policy(&self) -> PathBuf {
+        self.dir.join("audit-policy.yaml")
+    }
+
+    /// The apiserver's audit log (JSON lines, one event per request and stage).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+
+    /// Writes the audit policy the apiserver's command line names.
+    ///
+    /// # Errors
+    /// If the file cannot be written.
+    pub fn write_audit_policy(&self) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let path = self.audit_policy();
+        std::fs::write(&path, AUDIT_POLICY)
+            .with_context(|| format!("cannot write the audit policy {}", path.display()))
     }
 
     /// etcd's client URL.
@@ -176,6 +219,11 @@ fn apiserver_args(l: &Layout) -> Vec<String> {
         flag("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
         flag("proxy-client-cert-file", p(pki::FRONT_PROXY_CLIENT_CRT)),
         flag("proxy-client-key-file", p(pki::FRONT_PROXY_CLIENT_KEY)),
+        flag("audit-policy-file", l.audit_policy().display()),
+        flag("audit-log-path", l.audit_log().display()),
+        flag("audit-log-format", "json"),
+        flag("audit-log-maxsize", AUDIT_LOG_MAX_MIB),
+        flag("audit-log-maxbackup", 1),
         flag("v", 1),
     ]
 }
@@ -283,6 +331,27 @@ mod tests {
             value(&args, "service-account-issuer").as_deref(),
             Some(SERVICE_ACCOUNT_ISSUER)
         );
+    }
+
+    #[test]
+    fn the_apiserver_audits_every_node_request_into_the_cluster_dir() {
+        let args = Component::KubeApiserver.args(&layout());
+        assert_eq!(
+            value(&args, "audit-policy-file").as_deref(),
+            Some("/c/audit-policy.yaml")
+        );
+        assert_eq!(
+            value(&args, "audit-log-path").as_deref(),
+            Some("/c/audit.log")
+        );
+        assert_eq!(value(&args, "audit-log-format").as_deref(), Some("json"));
+        // Nodes at Request level (bodies kept), everyone else not at all.
+        let rules = AUDIT_POLICY.split_once("rules:").expect("rules").1;
+        let node = rules.find("level: Request").expect("a Request rule");
+        let none = rules.find("level: None").expect("a catch-all None rule");
+        assert!(node < none, "the node rule comes first:\n{AUDIT_POLICY}");
+        assert!(rules.contains("userGroups: [\"system:nodes\"]"));
+        assert!(AUDIT_POLICY.contains("omitStages: [RequestReceived]"));
     }
 
     #[test]

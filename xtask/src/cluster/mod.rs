@@ -9,9 +9,11 @@
 //! Everything a cluster owns lives under one directory,
 //! `/var/lib/evlet-cluster/<version>` unless `EVLET_CLUSTER_DIR` says
 //! otherwise (then `$EVLET_CLUSTER_DIR/<version>`): `pki/`, the kubeconfigs,
-//! etcd's data, and a log and pid file per component. Each version has its own
-//! block of ports ([`Ports`]), so two clusters can run at once. `down` stops
-//! exactly the processes `up` recorded, by PID, and checks nothing is left.
+//! etcd's data, a log and pid file per component, and the apiserver's audit
+//! log of every node's requests (`audit.log`, which evlet's tests read). Each
+//! version has its own block of ports ([`Ports`]), so two clusters can run at
+//! once. `down` stops exactly the processes `up` recorded, by PID, and checks
+//! nothing is left.
 //!
 //! A kubelet joins with `bootstrap.kubeconfig` (a bootstrap token, the CA and
 //! the apiserver URL, `https://127.0.0.1:<port>`); its client CSR is approved
@@ -245,6 +247,10 @@ impl Cluster {
                 layout.kubectl().display().to_string(),
             ),
             ("EVLET_CLUSTER_BIN", layout.bin.display().to_string()),
+            (
+                "EVLET_CLUSTER_AUDIT_LOG",
+                layout.audit_log().display().to_string(),
+            ),
         ]
     }
 
@@ -270,6 +276,7 @@ impl Cluster {
             bind: bind_address()?,
         };
         bootstrap::write_kubeconfigs(self, &pki)?;
+        layout.write_audit_policy()?;
         let mut fresh = false;
         for component in Component::ALL {
             if let Some(pid) = process::find(&layout, component) {
@@ -412,6 +419,14 @@ impl Cluster {
             self.admin_kubeconfig().display()
         );
         Ok(())
+    }
+
+    /// True if none of the components runs (`up` would start them all).
+    pub fn is_down(&self) -> bool {
+        let layout = self.layout_for_status();
+        Component::ALL
+            .iter()
+            .all(|&c| process::all_running(&layout, c).is_empty())
     }
 
     /// A layout good enough to find and stop processes (no build, no address look-up).
