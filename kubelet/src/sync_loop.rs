@@ -260,7 +260,20 @@ impl SyncLoop {
                     self.workers.update(pod, UpdateKind::Kill(None));
                 }
                 Op::Reconcile => {
-                    self.pods.insert(uid, pod);
+                    // Upstream's HandlePodReconcile: the conditions of a pod's
+                    // readiness gates are set by others on its status, so a
+                    // status change of a gated pod syncs it and its Ready
+                    // condition follows the gates.
+                    let gated = pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.readiness_gates.as_ref())
+                        .is_some_and(|g| !g.is_empty());
+                    self.pods.insert(uid.clone(), pod.clone());
+                    if gated && pod.metadata.deletion_timestamp.is_none() && self.workers.has(&uid)
+                    {
+                        self.workers.update(pod, UpdateKind::Sync);
+                    }
                 }
             }
         }

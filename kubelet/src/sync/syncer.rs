@@ -474,7 +474,10 @@ impl Syncer {
         let restart_count = previous.map_or(0, |p| p.restart_count + 1);
         // CrashLoopBackOff: a container that exited before restarts only when its backoff expired.
         if let Some(prev) = previous.filter(|p| p.state == State::Exited) {
-            let key = format!("{uid}/{}", c.name);
+            // Keyed by the container's spec hash too, as upstream's
+            // `getStableKey`: a changed container (a new image) starts with a
+            // fresh back-off.
+            let key = crash_key(&uid, c);
             let finished = crate::clock::instant_of(prev.finished_at);
             let now = Instant::now();
             let mut crash = lock(&self.crash);
@@ -970,6 +973,13 @@ impl Syncer {
     }
 }
 
+/// The CrashLoopBackOff key of container `c` of pod `uid`: `<uid>/<name>/<spec
+/// hash>` (upstream's `getStableKey` has the spec hash too), under the pod's
+/// `<uid>/` prefix that [`Syncer::forget`] drops.
+fn crash_key(uid: &pod::PodUid, c: &Container) -> String {
+    format!("{uid}/{}/{}", c.name, spec::container_hash(c))
+}
+
 /// The permits of the image pull semaphore.
 fn node_pulls(node: &NodeContext) -> usize {
     node.parallel_image_pulls
@@ -1066,4 +1076,25 @@ pub fn hosts_file(
         host_path: path.display().to_string(),
         ..Default::default()
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_container_gets_a_fresh_crash_back_off() {
+        let uid = pod::PodUid::from("u1");
+        let c: Container =
+            serde_json::from_value(serde_json::json!({"name": "app", "image": "busybox"}))
+                .expect("container");
+        let mut updated = c.clone();
+        updated.image = Some("nginx".into());
+        assert_eq!(crash_key(&uid, &c), crash_key(&uid, &c.clone()));
+        assert_ne!(crash_key(&uid, &c), crash_key(&uid, &updated));
+        assert!(
+            crash_key(&uid, &c).starts_with("u1/app/"),
+            "forget's prefix"
+        );
+    }
 }
