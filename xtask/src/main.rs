@@ -13,6 +13,7 @@
 mod apt;
 mod bench;
 mod cluster;
+mod conformance;
 mod containerd;
 mod fuzz;
 mod guest;
@@ -52,6 +53,8 @@ enum Task {
     },
     /// Manage the upstream control plane on loopback (built from upstream/v1.X).
     Cluster(cluster::Options),
+    /// Upstream's e2e node conformance specs against evlet and upstream kubelet.
+    Conformance(conformance::Options),
     /// Build the local pause and test images (OCI archives under .tools/images).
     Images,
     /// Set up, bring the node up, and run evlet with deploy/examples.
@@ -103,6 +106,7 @@ fn main() -> Result<()> {
             }
         }
         Task::Cluster(options) => cluster::run(&options),
+        Task::Conformance(options) => conformance::run(&options),
         Task::Images => {
             for (name, path) in image::build_all()? {
                 println!("{name}\t{}", path.display());
