@@ -31,3 +31,18 @@ pub fn path_with_tools() -> std::ffi::OsString {
     }
     std::env::join_paths(dirs).unwrap_or_default()
 }
+
+/// Caches shared by every checkout on this machine, outside the repository
+/// (as Go's own build and module caches are): what is expensive to build and
+/// the same for every clone (cargo-fuzz, the fuzz targets' dependencies).
+/// `EVLET_CACHE_DIR` overrides `$XDG_CACHE_HOME/evlet` (`~/.cache/evlet`).
+pub fn cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("EVLET_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| repo().join("target"));
+    base.join("evlet")
+}
