@@ -36,6 +36,10 @@ pub const TARGETS: &[(&str, &str)] = &[
         "api_query",
         "the kubelet API's query strings (container logs, exec, port-forward) and paths",
     ),
+    (
+        "http_request",
+        "raw bytes on a kubelet API port: request line, headers and body under the connection limits",
+    ),
 ];
 
 /// The cargo-fuzz release installed into the tools dir.
