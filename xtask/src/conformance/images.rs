@@ -3,7 +3,7 @@
 //!
 //! `e2e.test --list-images` names what the suite may use; each name whose
 //! repository has a [`Recipe`] is built, the rest are reported as not
-//! buildable here. Every image is one uncompressed layer on Debian's static
+//! buildable here. Every image is one uncompressed layer on Debian sid's static
 //! busybox (applets linked in `/bin`, `/sbin`, `/usr/bin`, `/usr/sbin`, as
 //! its `--list-full` says), written as an OCI layout archive that
 //! `ctr images import` takes:
@@ -42,7 +42,31 @@ use sha2::{Digest as _, Sha256};
 use crate::containerd::{self, Version};
 use crate::{cluster, image, paths, sh};
 
-const BUSYBOX: &str = "/bin/busybox";
+/// The Debian suite whose static busybox the images carry: from 1.38 its
+/// `sh` passes variables whose names are not shell identifiers (`data-1`,
+/// what `envFrom` makes of a ConfigMap's keys) on to the commands it runs, as
+/// the busybox of upstream's images does and the specs check (`sh -c env`);
+/// bookworm's 1.35 and trixie's 1.37 drop them.
+const BUSYBOX_SUITE: &str = "sid";
+
+/// The static busybox of [`BUSYBOX_SUITE`], downloaded once and unpacked
+/// under the tools directory (never installed).
+fn busybox() -> Result<PathBuf> {
+    let apt = crate::apt::PrivateApt::open()?;
+    let version = apt.version_in("busybox-static", BUSYBOX_SUITE)?;
+    let dir = paths::tools()
+        .join("conformance")
+        .join(format!("busybox-{}", version.replace(':', "_")));
+    let binary = dir.join("usr/bin/busybox");
+    if !binary.is_file() {
+        let deb = apt.download(&format!("busybox-static={version}"))?;
+        crate::apt::extract(&deb, &dir)?;
+    }
+    if !binary.is_file() {
+        bail!("busybox-static {version} has no usr/bin/busybox");
+    }
+    Ok(binary)
+}
 
 /// What the image of one repository is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,9 +386,7 @@ const GROUP: &str = "root:x:0:\ndaemon:x:1:\nwww-data:x:33:\nnogroup:x:65534:\n"
 
 /// The busybox base every image shares.
 fn base() -> Result<Rootfs> {
-    if !Path::new(BUSYBOX).is_file() {
-        bail!("{BUSYBOX} is missing (Debian package busybox-static): run `cargo xtask setup`");
-    }
+    let busybox_path = busybox()?;
     let mut fs_ = Rootfs::default();
     for dir in [
         "bin",
@@ -386,12 +408,19 @@ fn base() -> Result<Rootfs> {
     }
     fs_.dir("tmp", 0o1777);
     fs_.dir("root", 0o700);
-    let busybox = fs::read(BUSYBOX).with_context(|| format!("cannot read {BUSYBOX}"))?;
+    let busybox = fs::read(&busybox_path)
+        .with_context(|| format!("cannot read {}", busybox_path.display()))?;
     fs_.file("bin/busybox", busybox, 0o755);
-    let applets = sh::output(Command::new(BUSYBOX).arg("--list-full"))?;
+    let applets = sh::output(Command::new(&busybox_path).arg("--list-full"))?;
+    // Where `--list-full` puts each applet, and in `/bin` too: upstream's
+    // busybox image has every applet there (the sysctl specs run
+    // `/bin/sysctl`, which Debian's list puts in `/sbin`).
     for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
-        if applet != "bin/busybox" {
-            fs_.link(applet, "/bin/busybox");
+        let name = applet.rsplit_once('/').map_or(applet, |(_, name)| name);
+        for path in [applet.to_string(), format!("bin/{name}")] {
+            if path != "bin/busybox" {
+                fs_.link(&path, "/bin/busybox");
+            }
         }
     }
     fs_.file("etc/passwd", PASSWD.as_bytes().to_vec(), 0o644);

@@ -203,10 +203,6 @@ pub fn run(options: &Options) -> Result<()> {
 ///
 /// # Errors
 /// If the run cannot be made or a spec fails with evlet.
-#[expect(
-    dead_code,
-    reason = "for `cargo xtask test` to call (xtask/src/test.rs); remove when it does"
-)]
 pub fn ci() -> Result<()> {
     let date = report::now_utc();
     let options = Options {
