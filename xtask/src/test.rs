@@ -8,6 +8,8 @@
 //! --version 1.34`) comes up, the API-mode suites join it
 //! (`EVLET_E2E_CLUSTER=<its cluster.env>`), and afterwards it is left as it
 //! was found: stopped again only if this run started it.
+//! After the node suites, upstream's conformance CI subset runs against evlet
+//! on the same cluster (`cargo xtask conformance --subset ci`).
 //! Each fuzz target runs for a short bounded time (`--fuzz-time`), then
 //! `cargo xtask bench --quick` proves the benchmark harness works. A privileged
 //! test that cannot run fails under `CI=true` (see `evlet-testkit`).
@@ -44,6 +46,14 @@ pub struct Options {
     /// Skip the fuzz targets.
     #[arg(long)]
     no_fuzz: bool,
+    /// Skip the conformance CI subset (`cargo xtask conformance --subset ci`).
+    #[arg(long)]
+    no_conformance: bool,
+    /// Also the version-skew pass: the API-mode suites of [`SKEW_SUITES`] on
+    /// containerd 2.1 against the newest served control plane (1.37), three
+    /// minors ahead of evlet's own, as upstream allows.
+    #[arg(long)]
+    full: bool,
     /// Seconds each fuzz target runs.
     #[arg(long, default_value_t = 30)]
     fuzz_time: u64,
@@ -105,6 +115,25 @@ pub fn test_targets() -> Result<Targets> {
 
 /// The agent's end-to-end suite, run in every PLEG mode.
 const E2E_SUITE: &str = "node_agent";
+
+/// Suites that run on one containerd line only, and which: TLS bootstrap
+/// and certificate rotation wait out a 10-minute certificate (the API's
+/// shortest) and test the agent's API client, not the runtime, so one line
+/// (the one whose other suites end first) carries them within CI's time.
+const ONE_LINE_SUITES: &[(&str, Version)] = &[("node_bootstrap", Version::V1_6)];
+
+/// The node suites line `version` runs.
+fn line_targets(node_targets: &[String], version: Version) -> Vec<String> {
+    node_targets
+        .iter()
+        .filter(|t| {
+            ONE_LINE_SUITES
+                .iter()
+                .all(|(suite, line)| t.as_str() != *suite || *line == version)
+        })
+        .cloned()
+        .collect()
+}
 
 /// The PLEG mode every node suite runs in on a containerd line. `ebpf`
 /// (evlet's own mode, where "no missed events" is checked by counting
@@ -173,8 +202,9 @@ fn run_line(
     let mut out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     // --no-fail-fast: every suite runs and reports, even after a failing one.
     let main = suite_mode(node.version);
+    let targets = line_targets(node_targets, node.version);
     let mut suites: Vec<(Vec<&str>, &str)> = vec![(
-        with_tests(vec!["test", "--locked", "--no-fail-fast"], node_targets),
+        with_tests(vec!["test", "--locked", "--no-fail-fast"], &targets),
         main,
     )];
     if node_targets.iter().any(|t| t == E2E_SUITE) {
@@ -278,9 +308,35 @@ fn node_suites(options: &Options, node_targets: &[String], cluster_env: &Path) -
     failures
 }
 
-/// The upstream control plane (1.34, evlet's own minor) the API-mode node
-/// suites join, and whether this run started it: afterwards it is left as
-/// `up` found it.
+/// The API-mode suites the version-skew pass runs against the newest control
+/// plane.
+const SKEW_SUITES: &[&str] = &["node_api", "node_api_volumes", "node_kubectl"];
+
+/// The version-skew pass (`--full`): [`SKEW_SUITES`] on containerd 2.1
+/// against the 1.37 control plane, left as it was found.
+fn skew(options: &Options) -> Result<()> {
+    let cluster = TestCluster::up(ClusterVersion::V1_37)?;
+    let node = Node::new(Version::V2_1);
+    let log = paths::repo().join("target/test-logs/skew-1.37.log");
+    let result = node.up().and_then(|()| {
+        let suites: Vec<String> = SKEW_SUITES.iter().map(|s| (*s).to_string()).collect();
+        run_line(
+            &node,
+            &suites,
+            options.density_pods,
+            &cluster.env_file(),
+            &log,
+        )
+    });
+    eprintln!("{}", fs::read_to_string(&log).unwrap_or_default());
+    let down = node.down();
+    let left = cluster.leave();
+    result.and(down).and(left)
+}
+
+/// An upstream control plane (1.34, evlet's own minor, for every line; 1.37
+/// for the skew pass) the API-mode node suites join, and whether this run
+/// started it: afterwards it is left as `up` found it.
 struct TestCluster {
     /// The cluster.
     cluster: Cluster,
@@ -289,9 +345,10 @@ struct TestCluster {
 }
 
 impl TestCluster {
-    /// Brings the cluster up (idempotent), noting whether it was down.
-    fn up() -> Result<Self> {
-        let cluster = Cluster::new(ClusterVersion::V1_34);
+    /// Brings the cluster of `version` up (idempotent), noting whether it
+    /// was down.
+    fn up(version: ClusterVersion) -> Result<Self> {
+        let cluster = Cluster::new(version);
         let started = cluster.is_down();
         cluster.up()?;
         Ok(Self { cluster, started })
@@ -382,7 +439,7 @@ pub fn test(options: &Options) -> Result<()> {
         })?;
     }
     if !targets.node.is_empty() {
-        let cluster = stage("cluster up", TestCluster::up)?;
+        let cluster = stage("cluster up", || TestCluster::up(ClusterVersion::V1_34))?;
         let tested = stage("node tests", || {
             let failures = node_suites(options, &targets.node, &cluster.env_file());
             if failures.is_empty() {
@@ -391,8 +448,19 @@ pub fn test(options: &Options) -> Result<()> {
                 bail!("node tests failed:\n{}", failures.join("\n"))
             }
         });
+        // Upstream's own specs, on the same cluster once the lines are done
+        // with their nodes (it takes the 1.7 node's lock).
+        let conformance = if options.no_conformance || tested.is_err() {
+            Ok(())
+        } else {
+            stage("conformance (ci subset)", crate::conformance::ci)
+        };
         stage("cluster down (if started here)", || cluster.leave())?;
         tested?;
+        conformance?;
+        if options.full {
+            stage("version skew (1.37 control plane)", || skew(options))?;
+        }
     }
     if !options.no_bench {
         stage("bench --quick", || {
