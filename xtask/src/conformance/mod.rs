@@ -189,8 +189,11 @@ impl Plan {
 ///
 /// # Errors
 /// If a build, the cluster, the node or the report fails; failing specs
-/// are results, not errors.
+/// are results, not errors, except in the CI subset (see [`ci`]).
 pub fn run(options: &Options) -> Result<()> {
+    if options.subset == Some(Subset::Ci) {
+        return ci_with(options);
+    }
     let date = report::now_utc();
     let plan = Plan::new(options, &date);
     let report = execute(&plan, &date)?;
@@ -204,8 +207,7 @@ pub fn run(options: &Options) -> Result<()> {
 /// # Errors
 /// If the run cannot be made or a spec fails with evlet.
 pub fn ci() -> Result<()> {
-    let date = report::now_utc();
-    let options = Options {
+    ci_with(&Options {
         focus: None,
         skip: None,
         kubelet: Some(Which::Evlet),
@@ -214,8 +216,13 @@ pub fn ci() -> Result<()> {
         subset: Some(Subset::Ci),
         procs: 4,
         report_dir: None,
-    };
-    let plan = Plan::new(&options, &date);
+    })
+}
+
+/// The CI subset with `options` (its kubelet, containerd and processes).
+fn ci_with(options: &Options) -> Result<()> {
+    let date = report::now_utc();
+    let plan = Plan::new(options, &date);
     let started = Instant::now();
     let report = execute(&plan, &date)?;
     let failed: Vec<&str> = report
