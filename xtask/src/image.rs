@@ -181,24 +181,43 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// Writes an OCI image layout (as a tar) holding one image with one layer.
 fn write_layout(spec: &Spec, layer: &[u8], path: &Path) -> Result<()> {
-    let layer_digest = sha256(layer);
     let mut config = json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "WorkingDir": "/",
-        },
-        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
-        "history": [{ "created_by": "cargo xtask (evlet local image)" }],
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        "WorkingDir": "/",
     });
     if !spec.entrypoint.is_empty() {
-        config["config"]["Entrypoint"] = json!(spec.entrypoint);
+        config["Entrypoint"] = json!(spec.entrypoint);
     }
     if !spec.cmd.is_empty() {
-        config["config"]["Cmd"] = json!(spec.cmd);
+        config["Cmd"] = json!(spec.cmd);
     }
-    let config = serde_json::to_vec(&config)?;
+    let (tar, _) = oci_layout(spec.name, &config, "cargo xtask (evlet local image)", layer)?;
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, tar)?;
+    fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// An OCI image layout archive (what `ctr images import` takes) holding the
+/// one-layer image `name` with the image config's `config` section, and the
+/// image's manifest digest (`sha256:...`).
+///
+/// # Errors
+/// If the JSON or the archive cannot be written.
+pub fn oci_layout(
+    name: &str,
+    config: &serde_json::Value,
+    created_by: &str,
+    layer: &[u8],
+) -> Result<(Vec<u8>, String)> {
+    let layer_digest = sha256(layer);
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": config,
+        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
+        "history": [{ "created_by": created_by }],
+    }))?;
     let config_digest = sha256(&config);
     let manifest = serde_json::to_vec(&json!({
         "schemaVersion": 2,
@@ -215,11 +234,7 @@ fn write_layout(spec: &Spec, layer: &[u8], path: &Path) -> Result<()> {
         }],
     }))?;
     let manifest_digest = sha256(&manifest);
-    let tag = spec
-        .name
-        .rsplit_once(':')
-        .map(|(_, t)| t)
-        .unwrap_or("latest");
+    let tag = name.rsplit_once(':').map_or("latest", |(_, t)| t);
     let index = serde_json::to_vec(&json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
@@ -229,12 +244,11 @@ fn write_layout(spec: &Spec, layer: &[u8], path: &Path) -> Result<()> {
             "size": manifest.len(),
             "platform": { "architecture": "amd64", "os": "linux" },
             "annotations": {
-                "io.containerd.image.name": spec.name,
+                "io.containerd.image.name": name,
                 "org.opencontainers.image.ref.name": tag,
             },
         }],
     }))?;
-
     let mut tar = tar::Builder::new(Vec::new());
     tar.mode(tar::HeaderMode::Deterministic);
     append_file(
@@ -251,8 +265,5 @@ fn write_layout(spec: &Spec, layer: &[u8], path: &Path) -> Result<()> {
     ] {
         append_file(&mut tar, &format!("blobs/sha256/{digest}"), bytes, 0o644)?;
     }
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, tar.into_inner()?)?;
-    fs::rename(&tmp, path)?;
-    Ok(())
+    Ok((tar.into_inner()?, format!("sha256:{manifest_digest}")))
 }

@@ -37,7 +37,6 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
 
 use crate::containerd::{self, Version};
 use crate::{cluster, image, paths, sh};
@@ -617,70 +616,14 @@ fn host_or_deb(host: &str, package: &str, inside: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn sha256(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 /// An OCI image layout archive of one image; returns it and the manifest's digest.
 pub fn layout(name: &str, config: &serde_json::Value, layer: &[u8]) -> Result<(Vec<u8>, String)> {
-    let layer_digest = sha256(layer);
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": config,
-        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
-        "history": [{ "created_by": "cargo xtask conformance (evlet local image)" }],
-    }))?;
-    let config_digest = sha256(&config);
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": format!("sha256:{config_digest}"),
-            "size": config.len(),
-        },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar",
-            "digest": format!("sha256:{layer_digest}"),
-            "size": layer.len(),
-        }],
-    }))?;
-    let manifest_digest = sha256(&manifest);
-    let tag = name.rsplit_once(':').map_or("latest", |(_, t)| t);
-    let index = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": format!("sha256:{manifest_digest}"),
-            "size": manifest.len(),
-            "platform": { "architecture": "amd64", "os": "linux" },
-            "annotations": {
-                "io.containerd.image.name": name,
-                "org.opencontainers.image.ref.name": tag,
-            },
-        }],
-    }))?;
-    let mut tar = tar::Builder::new(Vec::new());
-    tar.mode(tar::HeaderMode::Deterministic);
-    let mut add = |path: &str, bytes: &[u8]| -> Result<()> {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_size(bytes.len() as u64);
-        tar.append_data(&mut h, path, bytes)?;
-        Ok(())
-    };
-    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-    add("index.json", &index)?;
-    add(&format!("blobs/sha256/{layer_digest}"), layer)?;
-    add(&format!("blobs/sha256/{config_digest}"), &config)?;
-    add(&format!("blobs/sha256/{manifest_digest}"), &manifest)?;
-    Ok((tar.into_inner()?, format!("sha256:{manifest_digest}")))
+    image::oci_layout(
+        name,
+        config,
+        "cargo xtask conformance (evlet local image)",
+        layer,
+    )
 }
 
 /// The suite's image list (`e2e.test --list-images`).
