@@ -192,8 +192,9 @@ async fn hog_is_evicted(w: &Arc<World>, api: &Api, round: &str, kernel: bool) ->
     let message = failed["status"]["message"].as_str().unwrap_or_default();
     assert!(
         message.starts_with(&format!(
-            "The node was low on resource: memory. Threshold quantity: {}Ki, available: ",
-            threshold >> 10
+            "The node was low on resource: memory. Threshold quantity: {}, available: ",
+            // Canonical, as upstream's Quantity prints it: 16959Mi, not 17366016Ki.
+            evlet::eviction::rank::quantity(((threshold >> 10) << 10) as i64, true)
         )) && message.contains("Container hog was using ")
             && message.ends_with(", request is 64Mi, has larger consumption of memory. "),
         "{message}"
