@@ -1044,6 +1044,7 @@ fn start_api(
         },
         sources.clone(),
         mirrors_tx,
+        Arc::clone(&manager) as Arc<dyn api::pods::Observer>,
         shutdown.child_token(),
     ));
     tokio::spawn(api::events::run(
@@ -1076,6 +1077,7 @@ fn start_api(
     tokio::spawn(api::run_node(
         client,
         input,
+        node.clone(),
         statics_rx,
         mirrors_rx.clone(),
         shutdown.child_token(),

@@ -271,6 +271,7 @@ async fn node_status_is_patched_on_change_and_otherwise_every_five_minutes() {
         api.client(),
         input,
         registered,
+        node::SelfWatch::start(api.client(), "n1", token.child_token()),
         token.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(45)).await;
@@ -303,6 +304,58 @@ async fn node_status_is_patched_on_change_and_otherwise_every_five_minutes() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_condition_another_writer_changed_is_put_right_at_the_next_tick() {
+    let api = MockApi::new();
+    let input = healthy();
+    let token = CancellationToken::new();
+    let registered = node::register(&api.client(), &input, &token)
+        .await
+        .expect("registered");
+    let start = tokio::time::Instant::now();
+    tokio::spawn(node::run_status(
+        api.client(),
+        input,
+        registered,
+        node::SelfWatch::start(api.client(), "n1", token.child_token()),
+        token.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(api.requests_matching("PATCH", "/status").is_empty());
+    // What the node lifecycle controller writes when the Lease went stale.
+    api.modify("nodes", "", "n1", |n| {
+        for c in n["status"]["conditions"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            c["status"] = json!("Unknown");
+            c["reason"] = json!("NodeStatusUnknown");
+            c["message"] = json!("Kubelet stopped posting node status.");
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(10)).await; // t = 22 s
+    let patches = api.requests_matching("PATCH", "/api/v1/nodes/n1/status");
+    assert_eq!(patches.len(), 1, "put right at the next 10 s tick");
+    assert!((secs(patches[0].at, start) - 20.0).abs() < 0.5);
+    let stored = api.get("nodes", "", "n1").expect("node");
+    let ready = stored["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .expect("Ready");
+    assert_eq!(ready["status"], "True", "{ready:#}");
+    assert_eq!(ready["reason"], "KubeletReady");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    token.cancel();
+    assert_eq!(
+        api.requests_matching("PATCH", "/api/v1/nodes/n1/status")
+            .len(),
+        1,
+        "and nothing more once the API holds it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn pressure_conditions_taint_the_node_no_schedule_and_untaint_it() {
     let api = MockApi::new();
     api.create(
@@ -322,6 +375,7 @@ async fn pressure_conditions_taint_the_node_no_schedule_and_untaint_it() {
         api.client(),
         input,
         registered,
+        node::SelfWatch::start(api.client(), "n1", token.child_token()),
         token.clone(),
     ));
     let taints = || {
@@ -439,6 +493,7 @@ async fn the_pod_watch_sends_this_nodes_pods_and_relists_after_410_gone() {
         std::future::ready(()),
         tx,
         mirrors_tx,
+        StatusManager::new() as Arc<dyn pods::Observer>,
         token.clone(),
     ));
     let first = next_snapshot(&mut rx).await;
@@ -576,6 +631,51 @@ async fn statuses_are_patched_retried_never_regress_and_the_pod_is_finally_delet
     assert_eq!(options["gracePeriodSeconds"], 0);
     assert_eq!(options["preconditions"]["uid"], uid.as_str());
     assert!(api.get("pods", "default", "p1").is_none());
+    token.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_another_writer_changed_is_sent_again() {
+    let api = MockApi::new();
+    let p = as_pod(&api.create("pods", "default", pod("p3", "n1")));
+    let manager = StatusManager::new();
+    let token = CancellationToken::new();
+    tokio::spawn(Arc::clone(&manager).run(api.client(), token.clone()));
+    let (tx, _rx) = mpsc::channel(16);
+    let (mirrors_tx, _mirrors_rx) = watch::channel(Mirrors::new());
+    tokio::spawn(pods::run(
+        api.client(),
+        "n1".into(),
+        std::future::ready(()),
+        tx,
+        mirrors_tx,
+        Arc::clone(&manager) as Arc<dyn pods::Observer>,
+        token.clone(),
+    ));
+    let ready = |s: &str| k8s_openapi::api::core::v1::PodCondition {
+        type_: "Ready".into(),
+        status: s.into(),
+        ..Default::default()
+    };
+    let running = PodStatus {
+        phase: Some("Running".into()),
+        conditions: Some(vec![ready("True")]),
+        ..Default::default()
+    };
+    manager.set(&p, &running);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let patches = || api.requests_matching("PATCH", "/pods/p3/status").len();
+    assert_eq!(patches(), 1, "sent once, and the API holds it");
+    // What the node lifecycle controller writes when the node stopped reporting.
+    api.modify("pods", "default", "p3", |p| {
+        p["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+    });
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(patches(), 2, "sent again within a sync period");
+    let stored = api.get("pods", "default", "p3").expect("pod");
+    assert_eq!(stored["status"]["conditions"][0]["status"], "True");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(patches(), 2, "and no more once the API holds it");
     token.cancel();
 }
 

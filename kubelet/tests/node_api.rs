@@ -350,3 +350,93 @@ async fn an_api_outage_keeps_pods_running_and_statuses_arrive_after_it() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_node_lifecycle_controller_marks_after_an_outage_is_put_right() {
+    api_e2e(
+        "what_the_node_lifecycle_controller_marks_after_an_outage_is_put_right",
+        Backend::Real,
+        |w, api| async move {
+            let agent = start(&w, &api).await;
+            let ready = |node: &serde_json::Value| {
+                node["status"]["conditions"]
+                    .as_array()
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+                    .map(|c| (c["status"].clone(), c["reason"].clone()))
+            };
+            eventually(Duration::from_secs(30), "the node Ready", || async {
+                let node = api.get("nodes", "", &w.name).await?;
+                (ready(&node)? == (json!("True"), json!("KubeletReady"))).then_some(())
+            })
+            .await;
+            let ns = api.ns().to_owned();
+            let app = w.pod_name("app");
+            api.create(
+                "pods",
+                &ns,
+                api.pod(&w, "app", json!({
+                    "containers": [{"name": "main", "image": IMAGE, "command": ["sleep", "3600"]}]
+                })),
+            )
+            .await;
+            let pod_ready = |pod: &serde_json::Value| {
+                pod["status"]["conditions"]
+                    .as_array()
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+                    .map(|c| c["status"].clone())
+            };
+            eventually(Duration::from_secs(60), "the pod Ready", || async {
+                let pod = api.get("pods", &ns, &app).await?;
+                (pod_ready(&pod)? == "True").then_some(())
+            })
+            .await;
+            // What the node lifecycle controller writes when the Lease went
+            // stale (an etcd or apiserver outage longer than its grace).
+            api.modify("nodes", "", &format!("{}/status", w.name), |n| {
+                for c in n["status"]["conditions"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                {
+                    c["status"] = json!("Unknown");
+                    c["reason"] = json!("NodeStatusUnknown");
+                    c["message"] = json!("Kubelet stopped posting node status.");
+                }
+            })
+            .await;
+            let marked = api.get("nodes", "", &w.name).await.expect("node");
+            assert_eq!(
+                ready(&marked),
+                Some((json!("Unknown"), json!("NodeStatusUnknown"))),
+                "the controller's mark is stored"
+            );
+            // And its MarkPodsNotReady.
+            api.modify("pods", &ns, &format!("{app}/status"), |p| {
+                for c in p["status"]["conditions"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| c["type"] == "Ready")
+                {
+                    c["status"] = json!("False");
+                }
+            })
+            .await;
+            let marked = api.get("pods", &ns, &app).await.expect("pod");
+            assert_eq!(pod_ready(&marked), Some(json!("False")), "{marked:#}");
+            // The status loops tick every 10 s; the next ticks put it right.
+            eventually(Duration::from_secs(25), "the node Ready again", || async {
+                let node = api.get("nodes", "", &w.name).await?;
+                (ready(&node)? == (json!("True"), json!("KubeletReady"))).then_some(())
+            })
+            .await;
+            eventually(Duration::from_secs(35), "the pod Ready again", || async {
+                let pod = api.get("pods", &ns, &app).await?;
+                (pod_ready(&pod)? == "True").then_some(())
+            })
+            .await;
+            agent.stop().await;
+        },
+    )
+    .await;
+}

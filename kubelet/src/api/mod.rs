@@ -445,6 +445,7 @@ pub(crate) fn delete_exactly(uid: Option<String>) -> kube::api::DeleteParams {
 pub async fn run_node(
     client: kube::Client,
     input: node::NodeInput,
+    held: node::SelfWatch,
     statics: tokio::sync::watch::Receiver<mirror::Statics>,
     mirrors: tokio::sync::watch::Receiver<pods::Mirrors>,
     shutdown: tokio_util::sync::CancellationToken,
@@ -467,7 +468,7 @@ pub async fn run_node(
         mirrors,
         shutdown.child_token(),
     ));
-    node::run_status(client, input, node, shutdown).await;
+    node::run_status(client, input, node, held, shutdown).await;
 }
 
 /// Tells the status manager which mirror pods exist.

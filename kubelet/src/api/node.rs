@@ -347,6 +347,20 @@ fn comparable(status: &NodeStatus) -> serde_json::Value {
     serde_json::to_value(s).unwrap_or_default()
 }
 
+/// Whether a condition of `new` differs, heartbeat aside, from the one in
+/// `held` (or `held` lacks it).
+fn conditions_differ(held: &NodeStatus, new: &NodeStatus) -> bool {
+    let held = held.conditions.as_deref().unwrap_or_default();
+    new.conditions.iter().flatten().any(|c| {
+        held.iter().find(|h| h.type_ == c.type_).is_none_or(|h| {
+            h.status != c.status
+                || h.reason != c.reason
+                || h.message != c.message
+                || h.last_transition_time != c.last_transition_time
+        })
+    })
+}
+
 /// Registers the node: POST, and on AlreadyExists adopt the existing object
 /// (GET, then patch its labels and status). Retries with backoff (100 ms to 7 s)
 /// until it succeeds or `shutdown`; returns the registered Node.
@@ -408,6 +422,11 @@ fn labels_of(node: &Node) -> BTreeMap<String, String> {
 
 /// Sends the node status every [`STATUS_UPDATE`]: a strategic-merge patch of
 /// `nodes/<name>/status` when it changed (heartbeats aside) or every [`STATUS_REPORT`].
+/// "Changed" is judged against what was last sent and against the Node the
+/// API server holds (`held`, the agent's watch of its own Node), as upstream
+/// compares with the Node it fetched: a condition another writer changed
+/// (the node lifecycle controller's `Unknown` after missed Lease renewals) is
+/// put right at the next tick, not at the next 5-minute report.
 /// Before each, brings the Node's pressure taints in line ([`pressure_taints`])
 /// until the API server refuses that with 403 (`NodeRestriction` forbids a
 /// node to modify its own taints); then never again.
@@ -415,6 +434,7 @@ pub async fn run_status(
     client: kube::Client,
     input: NodeInput,
     registered: Node,
+    held: SelfWatch,
     shutdown: CancellationToken,
 ) {
     let nodes: Api<Node> = Api::all(client);
@@ -451,8 +471,10 @@ pub async fn run_status(
             }
         }
         let machine = Machine::read(&input.root_dir);
-        let new = status(&input, &machine, last_sent.as_ref());
-        let changed = last_sent.as_ref().map(comparable) != Some(comparable(&new));
+        let api_status = held.current().and_then(|n| n.status.clone());
+        let new = status(&input, &machine, api_status.as_ref().or(last_sent.as_ref()));
+        let changed = last_sent.as_ref().map(comparable) != Some(comparable(&new))
+            || api_status.is_some_and(|h| conditions_differ(&h, &new));
         if !changed && last_report.elapsed() < STATUS_REPORT {
             delay = STATUS_UPDATE;
             continue;

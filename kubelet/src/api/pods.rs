@@ -84,6 +84,18 @@ impl Store {
     }
 }
 
+/// Told what the API server holds for this node's pods (mirror pods
+/// included), as the watch sees them: the status manager puts right a status
+/// another writer changed.
+pub trait Observer: Send + Sync {
+    /// `pod` as the API server now has it.
+    fn seen(&self, pod: &Pod);
+    /// The pod of this UID is gone from the API server.
+    fn gone(&self, uid: &str);
+    /// The watch listed again: these are all the pods there are.
+    fn relisted(&self, pods: &mut dyn Iterator<Item = &Pod>);
+}
+
 /// Changes to send since the last message: the latest version of each changed
 /// pod, `None` if it is gone.
 type Pending = BTreeMap<PodUid, Option<Pod>>;
@@ -104,6 +116,7 @@ pub async fn run(
     node_synced: impl std::future::Future<Output = ()> + Send,
     tx: mpsc::Sender<SourceMessage>,
     mirrors: watch::Sender<Mirrors>,
+    observer: Arc<dyn Observer>,
     shutdown: CancellationToken,
 ) {
     tracing::debug!(node = %node, "waiting for the node watch to sync before watching pods");
@@ -138,6 +151,7 @@ pub async fn run(
                 }
                 Ok(Event::InitDone) => {
                     store = Store::from_list(initial.take().unwrap_or_default());
+                    observer.relisted(&mut store.pods.values().chain(store.mirrors.values()));
                     if !synced {
                         tracing::info!(node = %node, pods = store.pods.len(), "API pod source synced");
                     }
@@ -147,6 +161,7 @@ pub async fn run(
                     pending.clear();
                 }
                 Ok(Event::Apply(p)) => {
+                    observer.seen(&p);
                     let uid = pod::uid(&p);
                     match store.apply(p) {
                         Some(prepared) => {
@@ -156,6 +171,7 @@ pub async fn run(
                     }
                 }
                 Ok(Event::Delete(p)) => {
+                    observer.gone(&pod::uid(&p).0);
                     mirrors_changed |= is_mirror(&p);
                     if store.delete(&p) {
                         pending.insert(pod::uid(&p), None);

@@ -10,6 +10,11 @@
 //! * Failures (outage, 429, 5xx) keep the status pending and are retried with
 //!   backoff; everything pending is also re-checked every 10 s (upstream's
 //!   `syncPeriod`).
+//! * Reconciled: the pod watch tells it what the API server holds
+//!   ([`pods::Observer`]); a status sent 10 s or more ago whose phase or
+//!   conditions another writer changed since (the node lifecycle controller
+//!   marks pods not Ready when their node stopped reporting) is sent again,
+//!   as upstream's `needsReconcile`.
 //! * Deleted API pods that finished terminating get the final `DELETE` with
 //!   grace period 0 and a UID precondition.
 
@@ -23,7 +28,7 @@ use kube::api::{Patch, PatchParams};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::pods::Mirrors;
+use super::pods::{self, Mirrors};
 use super::{delete_exactly, is_not_found};
 use crate::backoff::Retry;
 use crate::pod::{self, PodUid};
@@ -49,6 +54,8 @@ struct Entry {
     version: u64,
     sent_version: u64,
     sent_terminal: bool,
+    /// When a version was last sent.
+    sent_at: Option<tokio::time::Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +65,8 @@ struct State {
     deletes: BTreeMap<PodUid, Target>,
     mirrors: BTreeMap<(String, String), String>,
     next_version: u64,
+    /// What the API server holds of each pod's status, by the API object's UID.
+    held: BTreeMap<String, Held>,
 }
 
 /// The status manager (shared by workers, the sync loop and its sender task).
@@ -108,6 +117,85 @@ pub fn patch_body(uid: &str, status: &V1PodStatus) -> serde_json::Value {
         obj.insert("$setElementOrder/conditions".into(), order.into());
     }
     serde_json::json!({"metadata": {"uid": uid}, "status": status})
+}
+
+/// What reconciliation compares of a status the API server holds: the
+/// phase and each condition's type and status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    phase: Option<String>,
+    conditions: Vec<(String, String)>,
+}
+
+impl Held {
+    fn of(status: &V1PodStatus) -> Self {
+        Self {
+            phase: status.phase.clone(),
+            conditions: status
+                .conditions
+                .iter()
+                .flatten()
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect(),
+        }
+    }
+
+    /// Whether what the kubelet owns of `sent` differs here: the phase, or
+    /// the status of a condition it sent.
+    fn differs(&self, sent: &V1PodStatus) -> bool {
+        self.phase != sent.phase
+            || sent.conditions.iter().flatten().any(|c| {
+                self.conditions
+                    .iter()
+                    .find(|(t, _)| *t == c.type_)
+                    .is_none_or(|(_, s)| *s != c.status)
+            })
+    }
+}
+
+impl State {
+    /// Marks for sending again each status sent at least [`SYNC_PERIOD`]
+    /// ago (the watch has shown the patch by then) that the API server no
+    /// longer holds.
+    fn reconcile(&mut self) {
+        let State {
+            pods,
+            held,
+            next_version,
+            ..
+        } = self;
+        for (uid, e) in pods.iter_mut() {
+            if e.version > e.sent_version || e.sent_at.is_none_or(|at| at.elapsed() < SYNC_PERIOD) {
+                continue;
+            }
+            let Some(held) = e.target.uid.as_deref().and_then(|t| held.get(t)) else {
+                continue;
+            };
+            if held.differs(&e.status) {
+                tracing::debug!(pod = %uid, held = ?held, "the API server's status of the pod differs from the one sent; sending it again");
+                *next_version += 1;
+                e.version = *next_version;
+            }
+        }
+    }
+}
+
+impl pods::Observer for StatusManager {
+    fn seen(&self, pod: &Pod) {
+        if let (Some(uid), Some(status)) = (&pod.metadata.uid, &pod.status) {
+            lock(&self.state).held.insert(uid.clone(), Held::of(status));
+        }
+    }
+
+    fn gone(&self, uid: &str) {
+        lock(&self.state).held.remove(uid);
+    }
+
+    fn relisted(&self, pods: &mut dyn Iterator<Item = &Pod>) {
+        lock(&self.state).held = pods
+            .filter_map(|p| Some((p.metadata.uid.clone()?, Held::of(p.status.as_ref()?))))
+            .collect();
+    }
 }
 
 impl crate::workers::StatusSink for StatusManager {
@@ -165,6 +253,7 @@ impl StatusManager {
                         version,
                         sent_version: 0,
                         sent_terminal: false,
+                        sent_at: None,
                     },
                 );
             }
@@ -250,6 +339,7 @@ impl StatusManager {
         let mut failed = false;
         let due: Vec<(PodUid, Target, V1PodStatus, u64)> = {
             let mut state = lock(&self.state);
+            state.reconcile();
             let mut due = Vec::new();
             for (uid, e) in state.pods.iter_mut() {
                 if e.version <= e.sent_version || e.target.uid.is_none() {
@@ -283,6 +373,7 @@ impl StatusManager {
                     if let Some(e) = state.pods.get_mut(&uid) {
                         e.sent_version = e.sent_version.max(version);
                         e.sent_terminal |= terminal(&status);
+                        e.sent_at = Some(tokio::time::Instant::now());
                     }
                 }
                 Err(e) if is_not_found(&e) => {
