@@ -122,7 +122,12 @@ const E2E_SUITE: &str = "node_agent";
 /// (the one whose other suites end first) carries them within CI's time.
 const ONE_LINE_SUITES: &[(&str, Version)] = &[("node_bootstrap", Version::V1_6)];
 
-/// The node suites line `version` runs.
+/// Suites that take the shared control plane away (etcd restarted under a
+/// running agent) and so run alone, on the line named, once every line's
+/// other suites are done.
+const SERIAL_SUITES: &[(&str, Version)] = &[("node_cluster_restart", Version::V1_7)];
+
+/// The node suites line `version` runs alongside the other lines.
 fn line_targets(node_targets: &[String], version: Version) -> Vec<String> {
     node_targets
         .iter()
@@ -130,8 +135,18 @@ fn line_targets(node_targets: &[String], version: Version) -> Vec<String> {
             ONE_LINE_SUITES
                 .iter()
                 .all(|(suite, line)| t.as_str() != *suite || *line == version)
+                && SERIAL_SUITES.iter().all(|(suite, _)| t.as_str() != *suite)
         })
         .cloned()
+        .collect()
+}
+
+/// The serial suites among `node_targets` that line `version` runs.
+fn serial_targets(node_targets: &[String], version: Version) -> Vec<String> {
+    SERIAL_SUITES
+        .iter()
+        .filter(|(suite, line)| *line == version && node_targets.iter().any(|t| t == suite))
+        .map(|(suite, _)| (*suite).to_owned())
         .collect()
 }
 
@@ -190,7 +205,7 @@ fn stage<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     result
 }
 
-/// One containerd line's node suites, run in a thread of its own against the
+/// The node suites `node_targets` on one containerd line, against the
 /// line's own containerd; everything they print goes to `log`.
 fn run_line(
     node: &Node,
@@ -202,9 +217,8 @@ fn run_line(
     let mut out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     // --no-fail-fast: every suite runs and reports, even after a failing one.
     let main = suite_mode(node.version);
-    let targets = line_targets(node_targets, node.version);
     let mut suites: Vec<(Vec<&str>, &str)> = vec![(
-        with_tests(vec!["test", "--locked", "--no-fail-fast"], &targets),
+        with_tests(vec!["test", "--locked", "--no-fail-fast"], node_targets),
         main,
     )];
     if node_targets.iter().any(|t| t == E2E_SUITE) {
@@ -273,7 +287,13 @@ fn node_suites(options: &Options, node_targets: &[String], cluster_env: &Path) -
                     move || {
                         let started = Instant::now();
                         (
-                            run_line(node, node_targets, options.density_pods, cluster_env, &log),
+                            run_line(
+                                node,
+                                &line_targets(node_targets, node.version),
+                                options.density_pods,
+                                cluster_env,
+                                &log,
+                            ),
                             started.elapsed(),
                         )
                     }
@@ -300,6 +320,29 @@ fn node_suites(options: &Options, node_targets: &[String], cluster_env: &Path) -
             }
         }
     });
+    for node in &up {
+        let serial = serial_targets(node_targets, node.version);
+        if serial.is_empty() {
+            continue;
+        }
+        let log = logs.join(format!("node-{}-serial.log", node.version));
+        let started = Instant::now();
+        let result = run_line(node, &serial, options.density_pods, cluster_env, &log);
+        eprintln!(
+            "\n======== containerd {}: serial suites {} in {:.0?} ({}) ========",
+            node.version,
+            if result.is_ok() { "passed" } else { "FAILED" },
+            started.elapsed(),
+            log.display()
+        );
+        eprintln!("{}", fs::read_to_string(&log).unwrap_or_default());
+        if let Err(err) = result {
+            failures.push(format!(
+                "containerd {} serial suites: {err:#}",
+                node.version
+            ));
+        }
+    }
     for node in &up {
         if let Err(err) = node.down() {
             failures.push(format!("containerd {} teardown: {err:#}", node.version));
@@ -475,4 +518,29 @@ pub fn test(options: &Options) -> Result<()> {
     }
     eprintln!("test: all passed in {:.0?}", started.elapsed());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn serial_and_one_line_suites_leave_the_parallel_lines() {
+        let all = names(&["node_api", "node_bootstrap", "node_cluster_restart"]);
+        assert_eq!(
+            line_targets(&all, Version::V1_6),
+            names(&["node_api", "node_bootstrap"])
+        );
+        assert_eq!(line_targets(&all, Version::V1_7), names(&["node_api"]));
+        assert_eq!(
+            serial_targets(&all, Version::V1_7),
+            names(&["node_cluster_restart"])
+        );
+        assert!(serial_targets(&all, Version::V2_1).is_empty());
+        assert!(serial_targets(&names(&["node_api"]), Version::V1_7).is_empty());
+    }
 }

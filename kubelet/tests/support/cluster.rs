@@ -106,6 +106,8 @@ pub struct ClusterEnv {
     pub kubectl: PathBuf,
     /// The apiserver's audit log (node requests at `Request` level).
     pub audit_log: PathBuf,
+    /// The cluster's directory: PKI, etcd data, logs and pid files.
+    pub state_dir: PathBuf,
 }
 
 impl ClusterEnv {
@@ -131,6 +133,7 @@ impl ClusterEnv {
             admin_kubeconfig: var("EVLET_CLUSTER_ADMIN_KUBECONFIG"),
             kubectl: var("EVLET_CLUSTER_KUBECTL"),
             audit_log: var("EVLET_CLUSTER_AUDIT_LOG"),
+            state_dir: var("EVLET_CLUSTER_STATE_DIR"),
         })
     }
 }
