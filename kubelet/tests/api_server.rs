@@ -257,16 +257,16 @@ async fn lease_renewal_backs_off_in_an_outage_and_refetches_after_a_conflict() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn node_status_is_patched_on_change_and_otherwise_every_five_minutes() {
-    let api = MockApi::new();
-    let ready = Arc::new(AtomicBool::new(true));
-    let input = input(Arc::clone(&ready));
-    let token = CancellationToken::new();
-    let registered = node::register(&api.client(), &input, &token)
+/// Registers node n1 and starts its status loop (watching its own Node, as
+/// the agent does) until `token`; returns when the loop started.
+async fn run_status(
+    api: &MockApi,
+    input: NodeInput,
+    token: &CancellationToken,
+) -> tokio::time::Instant {
+    let registered = node::register(&api.client(), &input, token)
         .await
         .expect("registered");
-    let start = tokio::time::Instant::now();
     tokio::spawn(node::run_status(
         api.client(),
         input,
@@ -274,6 +274,16 @@ async fn node_status_is_patched_on_change_and_otherwise_every_five_minutes() {
         node::SelfWatch::start(api.client(), "n1", token.child_token()),
         token.clone(),
     ));
+    tokio::time::Instant::now()
+}
+
+#[tokio::test(start_paused = true)]
+async fn node_status_is_patched_on_change_and_otherwise_every_five_minutes() {
+    let api = MockApi::new();
+    let ready = Arc::new(AtomicBool::new(true));
+    let input = input(Arc::clone(&ready));
+    let token = CancellationToken::new();
+    let start = run_status(&api, input, &token).await;
     tokio::time::sleep(Duration::from_secs(45)).await;
     assert!(
         api.requests_matching("PATCH", "/status").is_empty(),
@@ -308,31 +318,11 @@ async fn a_condition_another_writer_changed_is_put_right_at_the_next_tick() {
     let api = MockApi::new();
     let input = healthy();
     let token = CancellationToken::new();
-    let registered = node::register(&api.client(), &input, &token)
-        .await
-        .expect("registered");
-    let start = tokio::time::Instant::now();
-    tokio::spawn(node::run_status(
-        api.client(),
-        input,
-        registered,
-        node::SelfWatch::start(api.client(), "n1", token.child_token()),
-        token.clone(),
-    ));
+    let start = run_status(&api, input, &token).await;
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert!(api.requests_matching("PATCH", "/status").is_empty());
     // What the node lifecycle controller writes when the Lease went stale.
-    api.modify("nodes", "", "n1", |n| {
-        for c in n["status"]["conditions"]
-            .as_array_mut()
-            .into_iter()
-            .flatten()
-        {
-            c["status"] = json!("Unknown");
-            c["reason"] = json!("NodeStatusUnknown");
-            c["message"] = json!("Kubelet stopped posting node status.");
-        }
-    });
+    api.modify("nodes", "", "n1", apiserver::mark_node_unknown);
     tokio::time::sleep(Duration::from_secs(10)).await; // t = 22 s
     let patches = api.requests_matching("PATCH", "/api/v1/nodes/n1/status");
     assert_eq!(patches.len(), 1, "put right at the next 10 s tick");
@@ -368,16 +358,7 @@ async fn pressure_conditions_taint_the_node_no_schedule_and_untaint_it() {
     let mut input = healthy();
     input.pressure = rx;
     let token = CancellationToken::new();
-    let registered = node::register(&api.client(), &input, &token)
-        .await
-        .expect("registered");
-    tokio::spawn(node::run_status(
-        api.client(),
-        input,
-        registered,
-        node::SelfWatch::start(api.client(), "n1", token.child_token()),
-        token.clone(),
-    ));
+    run_status(&api, input, &token).await;
     let taints = || {
         let node = api.get("nodes", "", "n1").expect("node");
         node["spec"]["taints"]

@@ -392,17 +392,12 @@ async fn what_the_node_lifecycle_controller_marks_after_an_outage_is_put_right()
             .await;
             // What the node lifecycle controller writes when the Lease went
             // stale (an etcd or apiserver outage longer than its grace).
-            api.modify("nodes", "", &format!("{}/status", w.name), |n| {
-                for c in n["status"]["conditions"]
-                    .as_array_mut()
-                    .into_iter()
-                    .flatten()
-                {
-                    c["status"] = json!("Unknown");
-                    c["reason"] = json!("NodeStatusUnknown");
-                    c["message"] = json!("Kubelet stopped posting node status.");
-                }
-            })
+            api.modify(
+                "nodes",
+                "",
+                &format!("{}/status", w.name),
+                apiserver::mark_node_unknown,
+            )
             .await;
             let marked = api.get("nodes", "", &w.name).await.expect("node");
             assert_eq!(

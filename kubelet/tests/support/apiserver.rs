@@ -23,6 +23,21 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
 use tower::ServiceExt as _;
 
+/// What the node lifecycle controller writes into a Node whose Lease went
+/// stale: every condition `Unknown` (for tests of the agent putting it right,
+/// on the mock and on the real server alike).
+pub fn mark_node_unknown(node: &mut Value) {
+    for c in node["status"]["conditions"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        c["status"] = json!("Unknown");
+        c["reason"] = json!("NodeStatusUnknown");
+        c["message"] = json!("Kubelet stopped posting node status.");
+    }
+}
+
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
 pub struct Recorded {
