@@ -295,11 +295,7 @@ async fn node_status_is_patched_on_change_and_otherwise_every_five_minutes() {
     assert_eq!(patches.len(), 1);
     assert!((secs(patches[0].at, start) - 50.0).abs() < 0.5);
     let stored = api.get("nodes", "", "n1").expect("node");
-    let cond = stored["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-        .cloned()
-        .expect("Ready");
+    let cond = apiserver::condition(&stored, "Ready").expect("Ready");
     assert_eq!(cond["status"], "False");
     assert_eq!(cond["reason"], "KubeletNotReady");
     assert!(cond["message"].as_str().is_some_and(|m| m.contains("PLEG")));
@@ -328,11 +324,7 @@ async fn a_condition_another_writer_changed_is_put_right_at_the_next_tick() {
     assert_eq!(patches.len(), 1, "put right at the next 10 s tick");
     assert!((secs(patches[0].at, start) - 20.0).abs() < 0.5);
     let stored = api.get("nodes", "", "n1").expect("node");
-    let ready = stored["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-        .cloned()
-        .expect("Ready");
+    let ready = apiserver::condition(&stored, "Ready").expect("Ready");
     assert_eq!(ready["status"], "True", "{ready:#}");
     assert_eq!(ready["reason"], "KubeletReady");
     tokio::time::sleep(Duration::from_secs(60)).await;

@@ -359,9 +359,7 @@ async fn what_the_node_lifecycle_controller_marks_after_an_outage_is_put_right()
         |w, api| async move {
             let agent = start(&w, &api).await;
             let ready = |node: &serde_json::Value| {
-                node["status"]["conditions"]
-                    .as_array()
-                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+                apiserver::condition(node, "Ready")
                     .map(|c| (c["status"].clone(), c["reason"].clone()))
             };
             eventually(Duration::from_secs(30), "the node Ready", || async {
@@ -380,10 +378,7 @@ async fn what_the_node_lifecycle_controller_marks_after_an_outage_is_put_right()
             )
             .await;
             let pod_ready = |pod: &serde_json::Value| {
-                pod["status"]["conditions"]
-                    .as_array()
-                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-                    .map(|c| c["status"].clone())
+                apiserver::condition(pod, "Ready").map(|c| c["status"].clone())
             };
             eventually(Duration::from_secs(60), "the pod Ready", || async {
                 let pod = api.get("pods", &ns, &app).await?;

@@ -205,11 +205,7 @@ async fn an_etcd_restart_keeps_pods_running_and_the_node_resumes() {
             .await;
             eventually(Duration::from_secs(60), "the node Ready", || async {
                 let node = api.get("nodes", "", &w.name).await?;
-                node["status"]["conditions"]
-                    .as_array()?
-                    .iter()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                    .then_some(())
+                (apiserver::condition(&node, "Ready")?["status"] == "True").then_some(())
             })
             .await;
             // The pod watch carries new pods again.
@@ -228,11 +224,7 @@ async fn an_etcd_restart_keeps_pods_running_and_the_node_resumes() {
             // while the node could not report.
             eventually(Duration::from_secs(60), "keep Ready in the API", || async {
                 let pod = api.get("pods", &ns, &keep).await?;
-                pod["status"]["conditions"]
-                    .as_array()?
-                    .iter()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                    .then_some(())
+                (apiserver::condition(&pod, "Ready")?["status"] == "True").then_some(())
             })
             .await;
             let kept = api.get("pods", &ns, &keep).await.expect("keep");

@@ -308,16 +308,7 @@ fn node_suites(options: &Options, node_targets: &[String], cluster_env: &Path) -
                     Duration::ZERO,
                 )
             });
-            eprintln!(
-                "\n======== containerd {}: node suites {} in {took:.0?} ({}) ========",
-                node.version,
-                if result.is_ok() { "passed" } else { "FAILED" },
-                log.display()
-            );
-            eprintln!("{}", fs::read_to_string(&log).unwrap_or_default());
-            if let Err(err) = result {
-                failures.push(format!("containerd {}: {err:#}", node.version));
-            }
+            report(node, "node suites", result, took, &log, &mut failures);
         }
     });
     for node in &up {
@@ -328,20 +319,14 @@ fn node_suites(options: &Options, node_targets: &[String], cluster_env: &Path) -
         let log = logs.join(format!("node-{}-serial.log", node.version));
         let started = Instant::now();
         let result = run_line(node, &serial, options.density_pods, cluster_env, &log);
-        eprintln!(
-            "\n======== containerd {}: serial suites {} in {:.0?} ({}) ========",
-            node.version,
-            if result.is_ok() { "passed" } else { "FAILED" },
+        report(
+            node,
+            "serial suites",
+            result,
             started.elapsed(),
-            log.display()
+            &log,
+            &mut failures,
         );
-        eprintln!("{}", fs::read_to_string(&log).unwrap_or_default());
-        if let Err(err) = result {
-            failures.push(format!(
-                "containerd {} serial suites: {err:#}",
-                node.version
-            ));
-        }
     }
     for node in &up {
         if let Err(err) = node.down() {
@@ -349,6 +334,28 @@ fn node_suites(options: &Options, node_targets: &[String], cluster_env: &Path) -
         }
     }
     failures
+}
+
+/// Prints how `what` (node or serial suites) ended on `node`'s line and its
+/// whole log; a failure joins `failures`.
+fn report(
+    node: &Node,
+    what: &str,
+    result: Result<()>,
+    took: Duration,
+    log: &Path,
+    failures: &mut Vec<String>,
+) {
+    eprintln!(
+        "\n======== containerd {}: {what} {} in {took:.0?} ({}) ========",
+        node.version,
+        if result.is_ok() { "passed" } else { "FAILED" },
+        log.display()
+    );
+    eprintln!("{}", fs::read_to_string(log).unwrap_or_default());
+    if let Err(err) = result {
+        failures.push(format!("containerd {} {what}: {err:#}", node.version));
+    }
 }
 
 /// The API-mode suites the version-skew pass runs against the newest control

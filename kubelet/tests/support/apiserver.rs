@@ -23,6 +23,14 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
 use tower::ServiceExt as _;
 
+/// The condition of type `kind` in an object's status (a Node's or a Pod's).
+pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
 /// What the node lifecycle controller writes into a Node whose Lease went
 /// stale: every condition `Unknown` (for tests of the agent putting it right,
 /// on the mock and on the real server alike).
