@@ -211,6 +211,15 @@ impl Endpoint {
     }
 }
 
+/// `--eviction-hard` of the agents the bench times: upstream's memory
+/// threshold, the disk ones at 1 %. The pods live on the host's shared root
+/// filesystem, whose free space the bench does not control; under upstream's
+/// defaults (`imagefs.available<15%`) a filled disk puts the node under
+/// DiskPressure, and its eviction manager then runs the container and image
+/// collectors every 10 s with nothing to evict (static pods are critical):
+/// that is not the idle cost of a healthy node. The report says so.
+pub const EVICTION_HARD: &str = "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%,imagefs.inodesFree<1%";
+
 /// How to start the agent under test.
 #[derive(Debug, Clone)]
 pub struct AgentSpec {

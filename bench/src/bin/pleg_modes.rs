@@ -346,6 +346,8 @@ async fn one(
         extra: vec![
             "--max-parallel-pod-starts".into(),
             ctx.args.parallel_pod_starts.to_string(),
+            "--eviction-hard".into(),
+            evlet_bench::EVICTION_HARD.into(),
         ],
     };
     let mut run = Run {

@@ -222,7 +222,7 @@ async fn one(args: &Args, node: &Node, s: Scenario, pods: usize) -> Result<Run> 
         cgroup_root: node.cgroup_root.clone(),
         address: "127.0.0.1:10257".into(),
         log: log.clone(),
-        extra: Vec::new(),
+        extra: vec!["--eviction-hard".into(), evlet_bench::EVICTION_HARD.into()],
     })
     .await?;
     let measured = async {

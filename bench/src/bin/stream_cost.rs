@@ -576,6 +576,8 @@ async fn main() -> Result<()> {
             port.to_string(),
             "--client-ca-file".into(),
             certs.ca.display().to_string(),
+            "--eviction-hard".into(),
+            evlet_bench::EVICTION_HARD.into(),
         ],
     })
     .await?;

@@ -201,7 +201,10 @@ pub fn markdown(results: &Results) -> String {
     let m = &results.machine;
     let mut out = format!(
         "Run {} on {} CPUs, {:.0} GiB, kernel {}, {}, evlet {} build{}.\n\
-         Command: `{}`\n",
+         Command: `{}`\n\n\
+         The agents run with `--eviction-hard {}`: the disk thresholds at 1 %, so that a \
+         host disk fuller than upstream's defaults allow does not put the node under \
+         DiskPressure (whose reclaim every 10 s is not a healthy node's idle cost).\n",
         results.started,
         m.cpus,
         m.memory_gib,
@@ -213,7 +216,8 @@ pub fn markdown(results: &Results) -> String {
         } else {
             ""
         },
-        results.command
+        results.command,
+        crate::EVICTION_HARD,
     );
     if let Some(failure) = &results.failure {
         let _ = write!(
