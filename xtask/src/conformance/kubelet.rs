@@ -10,20 +10,9 @@
 //! machine does not collide. CNI is the node's containerd's; neither kubelet
 //! configures the network.
 //!
-//! Upstream kubelet changes the host where evlet does not; neither change is
-//! wanted on a shared machine, and neither is what the suite tests:
-//! * at start it writes six sysctls (`vm.overcommit_memory=1`,
-//!   `kernel.panic=10`, `kernel.panic_on_oops=1`, ...) unless
-//!   `protectKernelDefaults`, which instead refuses to start when they differ.
-//!   It runs in a mount namespace of its own ([`upstream_command`]) where
-//!   those `/proc/sys` files are bind-mounted copies holding the values it
-//!   wants, with `protectKernelDefaults: true`: it reads them, finds nothing
-//!   to change, and writes nothing to the host's kernel. Its root directory
-//!   is a shared bind mount made before, so the volumes it mounts there
-//!   propagate to the host, where containerd reads them.
-//! * it adds `KUBE-FIREWALL` and canary chains to the host's iptables; its
-//!   `PATH` leaves out `/usr/sbin`, so it finds no `iptables` and, as
-//!   upstream logs, skips them ("they are for other components").
+//! Upstream kubelet changes the host where evlet does not (sysctls,
+//! iptables); it runs the way `evlet_testkit::upstream_kubelet` describes,
+//! which changes neither.
 
 use std::fmt;
 use std::fs;
@@ -37,6 +26,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::json;
+
+use evlet_testkit::upstream_kubelet;
+pub use evlet_testkit::upstream_kubelet::unmount_under;
 
 use super::certs;
 use crate::node::Node;
@@ -197,7 +189,7 @@ pub fn prepare(
     )
     .with_context(|| format!("cannot write {}", setup.config.display()))?;
     if kind == Kind::Upstream {
-        write_sysctls(&setup.state.join("sysctl"))?;
+        upstream_kubelet::write_sysctls(&setup.state.join("sysctl"))?;
     }
     Ok(setup)
 }
@@ -242,54 +234,6 @@ pub fn config(setup: &Setup, node: &Node) -> serde_json::Value {
     })
 }
 
-/// The sysctls upstream kubelet wants (`setupKernelTunables`), as files to
-/// bind over `/proc/sys` in its mount namespace.
-const SYSCTLS: &[(&str, &str)] = &[
-    ("vm/overcommit_memory", "1"),
-    ("vm/panic_on_oom", "0"),
-    ("kernel/panic", "10"),
-    ("kernel/panic_on_oops", "1"),
-    ("kernel/keys/root_maxkeys", "1000000"),
-    ("kernel/keys/root_maxbytes", "25000000"),
-];
-
-fn write_sysctls(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir)?;
-    for (name, value) in SYSCTLS {
-        fs::write(dir.join(name.replace('/', ".")), format!("{value}\n"))?;
-    }
-    Ok(())
-}
-
-/// The command that runs upstream `kubelet` with `args` in a mount namespace
-/// where the kernel tunables read as it wants them (see the module docs).
-pub fn upstream_command(kubelet: &Path, args: &[String], sysctl_dir: &Path) -> Command {
-    let mut script = String::from("set -e; mount --make-rprivate /proc; ");
-    for (name, _) in SYSCTLS {
-        script.push_str(&format!(
-            "mount --bind {}/{} /proc/sys/{name}; ",
-            sysctl_dir.display(),
-            name.replace('/', ".")
-        ));
-    }
-    script.push_str("exec \"$0\" \"$@\"");
-    let mut cmd = Command::new("unshare");
-    cmd.args([
-        "--mount",
-        "--propagation",
-        "unchanged",
-        "--",
-        "/bin/sh",
-        "-c",
-    ])
-    .arg(script)
-    .arg(kubelet)
-    .args(args)
-    // No /usr/sbin: no iptables (see the module docs).
-    .env("PATH", "/usr/local/bin:/usr/bin:/bin");
-    cmd
-}
-
 /// A started kubelet.
 #[derive(Debug)]
 pub struct Running {
@@ -324,10 +268,10 @@ pub fn start(setup: &Setup, binary: &Path) -> Result<Running> {
             cmd
         }
         Kind::Upstream => {
-            share_mount(&setup.root_dir())?;
+            upstream_kubelet::share_mount(&setup.root_dir())?;
             args.push(format!("--cert-dir={}", setup.state.join("pki").display()));
             args.push("--v=2".into());
-            upstream_command(binary, &args, &setup.state.join("sysctl"))
+            upstream_kubelet::command(binary, &args, &setup.state.join("sysctl"))
         }
     };
     cmd.env("NO_COLOR", "1")
@@ -410,35 +354,6 @@ impl Running {
     }
 }
 
-/// Makes `dir` a shared bind mount of itself (host side), so mounts made
-/// under it in another mount namespace propagate here.
-fn share_mount(dir: &Path) -> Result<()> {
-    sh::output(Command::new("mount").arg("--bind").arg(dir).arg(dir))?;
-    sh::output(Command::new("mount").arg("--make-shared").arg(dir))?;
-    Ok(())
-}
-
-/// Unmounts everything at or under `dir`, deepest first (lazily: a busy
-/// mount goes when its last user does).
-pub fn unmount_under(dir: &Path) {
-    let mut mounts: Vec<PathBuf> = fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(p.replace("\\040", " ")))
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    mounts.dedup();
-    for mount in mounts {
-        let Ok(c) = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes()) else {
-            continue;
-        };
-        // SAFETY: a valid NUL-terminated path; MNT_DETACH touches only this mount.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
-}
-
 /// Removes `/var/log/containers` links into `pod_logs` (both kubelets make them).
 pub fn remove_log_links(pod_logs: &Path) {
     let Ok(entries) = fs::read_dir("/var/log/containers") else {
@@ -454,24 +369,8 @@ pub fn remove_log_links(pod_logs: &Path) {
 /// Makes the node's cgroup root in every hierarchy (upstream kubelet
 /// requires `cgroupRoot` to exist; evlet makes it itself).
 pub fn ensure_cgroup_root(root: &str) -> Result<()> {
-    let rel = root.trim_start_matches('/');
-    let mut made = 0;
-    for entry in fs::read_dir("/sys/fs/cgroup")?.filter_map(|e| e.ok()) {
-        let base = entry.path();
-        if base.join("cgroup.procs").exists() {
-            fs::create_dir_all(base.join(rel))
-                .with_context(|| format!("cannot create {}", base.join(rel).display()))?;
-            made += 1;
-        }
-    }
-    if Path::new("/sys/fs/cgroup/cgroup.procs").exists() {
-        fs::create_dir_all(Path::new("/sys/fs/cgroup").join(rel))?;
-        made += 1;
-    }
-    if made == 0 {
-        bail!("no cgroup hierarchy found under /sys/fs/cgroup");
-    }
-    Ok(())
+    upstream_kubelet::ensure_cgroup_root(root)
+        .with_context(|| format!("cannot create the cgroup root {root}"))
 }
 
 /// The first global IPv4 address (what the cluster advertises too).
@@ -510,32 +409,5 @@ mod tests {
         );
         assert!("kubelet".parse::<Which>().is_err());
         assert_eq!(Kind::Evlet.node_name(), "conf-evlet");
-    }
-
-    #[test]
-    fn upstream_runs_in_a_namespace_with_the_tunables_it_wants_and_no_sbin() {
-        let cmd = upstream_command(
-            Path::new("/b/kubelet"),
-            &["--v=2".into()],
-            Path::new("/s/sysctl"),
-        );
-        assert_eq!(cmd.get_program(), "unshare");
-        let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into()).collect();
-        assert_eq!(&args[..4], ["--mount", "--propagation", "unchanged", "--"]);
-        let script = &args[6];
-        assert!(script.starts_with("set -e; mount --make-rprivate /proc; "));
-        assert!(script.contains(
-            "mount --bind /s/sysctl/vm.overcommit_memory /proc/sys/vm/overcommit_memory;"
-        ));
-        assert!(script.contains("/proc/sys/kernel/panic_on_oops;"));
-        assert!(script.ends_with("exec \"$0\" \"$@\""));
-        assert_eq!(args[7], "/b/kubelet");
-        assert_eq!(args[8], "--v=2");
-        let path = cmd
-            .get_envs()
-            .find(|(k, _)| *k == "PATH")
-            .and_then(|(_, v)| v)
-            .expect("PATH");
-        assert!(!path.to_string_lossy().contains("sbin"));
     }
 }

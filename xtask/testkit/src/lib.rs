@@ -5,6 +5,10 @@
 //!   `CI=true` it panics, because a privileged test that skips in CI must fail
 //!   the run. `cargo xtask test` provides the environment.
 //! * [`within`]: an await under a deadline that panics with a diagnosis.
+//! * [`upstream_kubelet`]: running upstream kubelet beside evlet without
+//!   changing the host (the conformance runs and the benchmark's control).
+
+pub mod upstream_kubelet;
 
 use std::future::Future;
 use std::time::Duration;
