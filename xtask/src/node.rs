@@ -377,6 +377,14 @@ impl Node {
             stop_pid(pid, STOP_TIMEOUT);
             eprintln!("node {}: stopped containerd (pid {pid})", self.version);
         }
+        // One the pid file does not name (an `up` whose file went astray).
+        for pid in self.daemons() {
+            stop_pid(pid, STOP_TIMEOUT);
+            eprintln!(
+                "node {}: stopped stray containerd (pid {pid})",
+                self.version
+            );
+        }
         for pid in self.shims() {
             stop_pid(pid, Duration::from_secs(2));
             eprintln!("node {}: killed leftover shim (pid {pid})", self.version);
@@ -432,6 +440,20 @@ impl Node {
     }
 
     /// Shim processes serving this node (their command line names its socket).
+    /// Every containerd running with this node's config, whatever the pid
+    /// file says.
+    fn daemons(&self) -> Vec<i32> {
+        let config = self.config().display().to_string();
+        processes()
+            .into_iter()
+            .filter(|(_, cmdline)| {
+                cmdline.first().is_some_and(|a| a.ends_with("containerd"))
+                    && cmdline.iter().any(|a| a == &config)
+            })
+            .map(|(pid, _)| pid)
+            .collect()
+    }
+
     fn shims(&self) -> Vec<i32> {
         let socket = self.socket().display().to_string();
         processes()
@@ -462,10 +484,11 @@ impl Node {
 
     /// What of the node still exists; empty after a clean `down`.
     pub fn leftovers(&self) -> Vec<String> {
-        let mut left = Vec::new();
-        if let Some(pid) = self.pid() {
-            left.push(format!("containerd (pid {pid})"));
-        }
+        let mut left: Vec<String> = self
+            .daemons()
+            .iter()
+            .map(|pid| format!("containerd (pid {pid})"))
+            .collect();
         left.extend(self.shims().iter().map(|pid| format!("shim (pid {pid})")));
         left.extend(
             self.mounts()
