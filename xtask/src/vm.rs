@@ -245,7 +245,11 @@ fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
     for t in tests {
         args.extend(["--test", t.as_str()]);
     }
-    let out = sh::output(sh::cargo(&args).env(
+    // The build lives in the machine's cache, as the fuzz build does: its
+    // flags differ from the tests', so in the checkout's target directory a
+    // fresh clone would build every dependency again, static.
+    let target_dir = paths::cache().join("static-build");
+    let out = sh::output(sh::cargo(&args).env("CARGO_TARGET_DIR", &target_dir).env(
         "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
         "-C target-feature=+crt-static",
     ))
@@ -257,13 +261,7 @@ fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
     if binaries.is_empty() {
         bail!("cargo built no kernel test binaries");
     }
-    binaries.push(
-        paths::repo()
-            .join("target")
-            .join(STATIC_TARGET)
-            .join("debug")
-            .join(HELPER),
-    );
+    binaries.push(target_dir.join(STATIC_TARGET).join("debug").join(HELPER));
     Ok(binaries)
 }
 
