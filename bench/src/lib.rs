@@ -1,7 +1,7 @@
 //! Shared pieces of evlet's benchmarks: order statistics, CPU and memory
 //! readers (`/proc`, cgroup2 `cpu.stat`), the agent under test as a child
-//! process with a small client for its node-local socket (the read-only
-//! routes and the diagnostics), and the report writers (`report`).
+//! process (evlet, or upstream kubelet: `upstream`) with a small client for
+//! it (`endpoint`), and the report writers (`report`).
 //!
 //! The PLEG modes benchmark's parts: `pods` (its static pods), `schedule`
 //! (its rounds, and the pace of kills shared by evlet and the floor),
@@ -10,20 +10,24 @@
 //! runtime's own floor over CRI).
 
 pub mod cri_calls;
+pub mod endpoint;
 pub mod floor;
 pub mod kills;
 pub mod oom;
 pub mod pods;
 pub mod report;
 pub mod schedule;
+pub mod start;
+pub mod upstream;
 pub mod watch;
+
+pub use endpoint::Endpoint;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use hyper::body::Bytes;
 use serde::Serialize;
 
 /// p50 / p99 / max of a set of durations, in milliseconds, with the samples.
@@ -173,44 +177,6 @@ impl Drop for CpuCgroup {
     }
 }
 
-/// A GET-only client of evlet's node-local socket (`<root-dir>/evlet.sock`:
-/// `/healthz`, `/pods`, `/metrics`, and the diagnostics `/pods/<ns>/<name>`
-/// and `/debug/*`, which the read-only port does not serve).
-#[derive(Debug, Clone)]
-pub struct Endpoint {
-    client: evlet::server::local::Client,
-}
-
-impl Endpoint {
-    /// The endpoint of the agent whose root directory is `root`.
-    pub fn new(root: &Path) -> Self {
-        Self {
-            client: evlet::server::local::Client::new(root.join(evlet::server::local::SOCKET)),
-        }
-    }
-
-    /// Status code and body of `GET <path>`.
-    ///
-    /// # Errors
-    /// If the connection fails.
-    pub async fn get(&self, path: &str) -> Result<(u16, Bytes)> {
-        Ok(self.client.get(path).await?)
-    }
-
-    /// `GET <path>` as JSON; `None` on 404.
-    ///
-    /// # Errors
-    /// On connection failure, another non-200 status, or invalid JSON.
-    pub async fn json(&self, path: &str) -> Result<Option<serde_json::Value>> {
-        let (code, body) = self.get(path).await?;
-        match code {
-            200 => Ok(Some(serde_json::from_slice(&body)?)),
-            404 => Ok(None),
-            _ => bail!("GET {path}: HTTP {code}"),
-        }
-    }
-}
-
 /// `--eviction-hard` of the agents the bench times: upstream's memory
 /// threshold, the disk ones at 1 %. The pods live on the host's shared root
 /// filesystem, whose free space the bench does not control; under upstream's
@@ -263,11 +229,24 @@ fn read_only_flags(address: &str) -> Result<[String; 4]> {
 #[derive(Debug)]
 pub struct Agent {
     child: tokio::process::Child,
-    /// evlet's PID.
+    /// The agent's PID.
     pub pid: u32,
     /// Its HTTP endpoint.
     pub http: Endpoint,
     cpu: Option<CpuCgroup>,
+    /// Which agent.
+    pub kind: AgentKind,
+    /// Unmounted (everything under it) once the agent has stopped.
+    mounts: Option<PathBuf>,
+}
+
+/// The agent under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentKind {
+    /// evlet, in one of its PLEG modes.
+    Evlet,
+    /// Upstream kubelet (the control).
+    Upstream,
 }
 
 impl Agent {
@@ -317,6 +296,8 @@ impl Agent {
             pid,
             http: Endpoint::new(&spec.root),
             cpu,
+            kind: AgentKind::Evlet,
+            mounts: None,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -345,7 +326,7 @@ impl Agent {
         }
     }
 
-    /// SIGTERM, then SIGKILL after 15 s.
+    /// SIGTERM, then SIGKILL after 15 s; then its mounts go.
     ///
     /// # Errors
     /// If waiting for the child fails.
@@ -357,6 +338,9 @@ impl Agent {
             .is_err()
         {
             self.child.kill().await?;
+        }
+        if let Some(dir) = self.mounts.take() {
+            evlet_testkit::upstream_kubelet::unmount_under(&dir);
         }
         Ok(())
     }

@@ -75,7 +75,7 @@ pub async fn oom(
         let seen = poll_pod(
             &agent.http,
             &name,
-            Duration::from_millis(1),
+            agent.http.poll_every(),
             Duration::from_secs(60),
             |p| first_container(p)["state"]["terminated"]["reason"] == "OOMKilled",
         )
@@ -134,11 +134,7 @@ async fn kernel_exit_and_status(
         .ok()?
         .as_nanos()
         .saturating_sub(1_000_000);
-    let timeline = agent
-        .http
-        .json(&format!("/debug/pods/default/{name}/timeline"))
-        .await
-        .ok()??;
+    let timeline = agent.http.timeline(name).await.ok()??;
     let exit = first_entry(&timeline, "kernel", from, |w| w.contains("exited"))?;
     let status = first_entry(&timeline, "status", u128::from(exit), |w| {
         w.contains("OOMKilled")

@@ -117,10 +117,10 @@ impl Machine {
     }
 }
 
-/// One PLEG mode at one pod count.
+/// One agent (an evlet PLEG mode, or upstream kubelet) at one pod count.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Run {
-    /// The PLEG mode.
+    /// The PLEG mode, or `upstream` / `upstream-evented`.
     pub mode: String,
     /// Pods running during the run.
     pub pods: usize,
@@ -163,8 +163,13 @@ pub struct Run {
     pub evlet_cpu_pct: f64,
     /// containerd's CPU over the idle window, percent of one core.
     pub containerd_cpu_pct: f64,
-    /// evlet's resident memory after the idle window.
+    /// evlet's resident memory after the idle window. The `evlet_*` figures
+    /// are the agent's, upstream kubelet's in its rows.
     pub evlet_rss_mib: f64,
+    /// The agent's CRI calls per second over the idle window (its
+    /// `kubelet_runtime_operations_total`); none in results from before.
+    #[serde(default)]
+    pub idle_cri_calls_per_s: Option<f64>,
     /// SIGKILL of a container's init → the PLEG's ContainerDied event (evlet's log).
     pub kill_to_event: Option<Summary>,
     /// SIGKILL → `/pods/<ns>/<name>` shows the container terminated.

@@ -1,11 +1,11 @@
-//! A pod as the agent under test shows it: its status polled in
-//! `/pods/<ns>/<name>`, its timeline (`/debug/pods/<ns>/<name>/timeline`),
+//! A pod as the agent under test shows it: its status polled
+//! ([`Endpoint::pod`]), its timeline (`/debug/pods/<ns>/<name>/timeline`),
 //! and the CPU waits that tell which side a slow sample waited on.
 
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::report::{Run, SLOW_MS};
-use crate::{Agent, Endpoint, run_delay};
+use crate::{Agent, AgentKind, Endpoint, run_delay};
 
 /// The first container status of a pod JSON.
 pub fn first_container(pod: &serde_json::Value) -> &serde_json::Value {
@@ -23,7 +23,7 @@ pub async fn poll_pod(
 ) -> Option<Instant> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
-        if let Ok(Some(pod)) = http.json(&format!("/pods/default/{name}")).await
+        if let Ok(Some(pod)) = http.pod(name).await
             && done(&pod)
         {
             return Some(Instant::now());
@@ -76,18 +76,15 @@ pub async fn slow_timeline(
     run: &mut Run,
 ) {
     let ms = took.as_secs_f64() * 1000.0;
-    if ms <= SLOW_MS {
+    // Upstream kubelet keeps no timeline to say where the time went.
+    if ms <= SLOW_MS || agent.kind == AgentKind::Upstream {
         return;
     }
     let start = at
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
     let end = start + took.as_nanos() as i64 + 5_000_000;
-    let entries = match agent
-        .http
-        .json(&format!("/debug/pods/default/{name}/timeline"))
-        .await
-    {
+    let entries = match agent.http.timeline(name).await {
         Ok(Some(t)) => t["entries"]
             .as_array()
             .into_iter()

@@ -6,12 +6,14 @@
 //! (`bench/src/bin/eviction_latency.rs`).
 //!
 //! Sets up, builds evlet (release; `--quick` uses the debug build the tests
-//! already made), brings up the containerd 1.7 node (every mode, `cri-events`
-//! included, runs on the same runtime), runs the harness with the node's
-//! environment, and takes the node down again.
+//! already made) and, for the `upstream` rows, upstream kubelet from the
+//! pinned module, brings up the containerd 1.7 node (every mode, `cri-events`
+//! and `upstream-evented` included, runs on the same runtime), runs the
+//! harness with the node's environment, and takes the node down again.
 
 use anyhow::{Context as _, Result};
 
+use crate::cluster;
 use crate::containerd::Version;
 use crate::node::Node;
 use crate::sh::cargo;
@@ -23,8 +25,10 @@ pub struct Options {
     /// Pod counts.
     #[arg(long, value_delimiter = ',', default_values = ["10", "100", "500", "1000"])]
     pods: Vec<usize>,
-    /// PLEG modes.
-    #[arg(long, value_delimiter = ',', default_values = ["generic", "cri-events", "ebpf"])]
+    /// PLEG modes of evlet, and the control: `upstream` (upstream kubelet of
+    /// the pinned release, its default PLEG) and `upstream-evented` (with
+    /// `EventedPLEG`).
+    #[arg(long, value_delimiter = ',', default_values = ["generic", "cri-events", "ebpf", "upstream", "upstream-evented"])]
     modes: Vec<String>,
     /// N = 10, short windows, debug build, results under target/bench: checks the
     /// harness (CI), numbers are not for comparison.
@@ -40,6 +44,10 @@ pub struct Options {
     /// median. Default 3 (1 with `--quick`).
     #[arg(long)]
     start_rounds: Option<usize>,
+    /// Observed kills per mode and pod count (as many unobserved ones
+    /// again): 30 by default; past 100, p99 is no longer the largest sample.
+    #[arg(long)]
+    kills: Option<usize>,
 }
 
 /// The benchmark suites.
@@ -62,10 +70,15 @@ impl Options {
     pub fn quick() -> Self {
         Self {
             pods: vec![10],
-            modes: ["generic", "cri-events", "ebpf"].map(String::from).to_vec(),
+            // Upstream kubelet's default PLEG only: `upstream-evented` runs
+            // the same harness code.
+            modes: ["generic", "cri-events", "ebpf", "upstream"]
+                .map(String::from)
+                .to_vec(),
             quick: true,
             suite: Suite::All,
             start_rounds: None,
+            kills: None,
         }
     }
 }
@@ -101,6 +114,9 @@ pub fn bench(options: &Options) -> Result<()> {
     if let Some(n) = options.start_rounds {
         command += &format!(" --start-rounds {n}");
     }
+    if let Some(n) = options.kills {
+        command += &format!(" --kills {n}");
+    }
     let pleg = matches!(options.suite, Suite::Pleg | Suite::All);
     let probe_cost = matches!(options.suite, Suite::Probes | Suite::All);
     let streams = matches!(options.suite, Suite::Streams | Suite::All);
@@ -116,6 +132,13 @@ pub fn bench(options: &Options) -> Result<()> {
         }
         sh::run(cargo(&probes).arg("--out").arg(&out)).context("the probe benchmark failed")?;
     }
+    // The control: upstream kubelet, built from the pinned module (a warm Go
+    // cache relinks it in seconds).
+    let upstream = if pleg && options.modes.iter().any(|m| m.starts_with("upstream")) {
+        Some(cluster::kubelet(cluster::Version::V1_34).context("building upstream kubelet")?)
+    } else {
+        None
+    };
     let node = Node::new(Version::V1_7);
     let harness = |bin: &str, extra: Vec<String>| -> Result<()> {
         let mut args: Vec<String> = ["run", "--locked", "-q", "-p", "evlet-bench"]
@@ -159,6 +182,12 @@ pub fn bench(options: &Options) -> Result<()> {
             ];
             if let Some(n) = options.start_rounds {
                 extra.extend(["--start-rounds".into(), n.to_string()]);
+            }
+            if let Some(n) = options.kills {
+                extra.extend(["--kills".into(), n.to_string()]);
+            }
+            if let Some(kubelet) = &upstream {
+                extra.extend(["--upstream-kubelet".into(), kubelet.display().to_string()]);
             }
             harness("pleg_modes", extra)?;
         }

@@ -59,10 +59,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use evlet_bench::cri_calls::cri_calls;
-use evlet_bench::pods::{APP, cleanup, manifest, pod_name, write_manifest};
+use evlet_bench::pods::cleanup;
 use evlet_bench::report::{self, CriCalls, Floor, Machine, Results, Run};
 use evlet_bench::schedule::{self, Rounds};
-use evlet_bench::{Agent, AgentSpec, Endpoint, Summary, floor, kills, oom, process_cpu, rss_mib};
+use evlet_bench::upstream::UpstreamSpec;
+use evlet_bench::{Agent, AgentKind, AgentSpec, floor, kills, oom, process_cpu, rss_mib, start};
 use evlet_cri::{Options, RuntimeClient};
 
 #[derive(Debug, Parser)]
@@ -79,6 +80,9 @@ struct Args {
     /// The evlet binary.
     #[arg(long, env = "EVLET_BIN")]
     evlet: PathBuf,
+    /// Upstream kubelet, for the modes `upstream` and `upstream-evented`.
+    #[arg(long)]
+    upstream_kubelet: Option<PathBuf>,
     /// The build profile of that binary (for the report).
     #[arg(long, default_value = "release")]
     profile: String,
@@ -164,117 +168,15 @@ struct Plan {
 
 const ADDRESS: &str = "127.0.0.1:10256";
 
-/// Writes N manifests at once and waits until every pod runs.
-///
-/// Each pod's start is its manifest written → its container's
-/// `StartContainer` returned, from evlet's log (the line it writes anyway),
-/// the end the floor times too. Completion is watched in that log, which
-/// costs evlet nothing: polling its HTTP endpoint would take its CPU on the
-/// cores the runtime is starting pods on (`/metrics` reads every veth's
-/// counters from `/proc/self/net/dev`, `/pods` serializes every status), and
-/// the floor pays no such poll. Then `/metrics`'s running containers gauge
-/// is polled until it agrees: evlet's own count of the pods running.
-async fn batch_start(
-    agent: &Agent,
-    manifests: &Path,
-    log: &Path,
-    node: &Node,
-    pods: usize,
-    plan: Plan,
-    run: &mut Run,
-) -> Result<()> {
-    let (evlet0, containerd0) = (agent.cpu()?, process_cpu(node.containerd_pid)?);
-    let (written, written_at) = (Instant::now(), jiff::Timestamp::now());
-    for i in 0..pods {
-        write_manifest(manifests, &format!("b{i}.yaml"), &manifest(i, &node.image))?;
-    }
-    let deadline = written + Duration::from_secs(120 + pods as u64);
-    // Each pod's first start, as the tail reads the log.
-    let mut tail = evlet_bench::LogTail::new(log);
-    let mut started = std::collections::HashMap::new();
-    while started.len() < pods {
-        tokio::time::sleep(plan.poll).await;
-        for line in tail.lines()? {
-            if !line.contains("\"container started\"") {
-                continue;
-            }
-            if let Some((pod, at)) = evlet_bench::log_time(&line, first_start_of) {
-                started.entry(pod).or_insert(at);
-            }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "only {} of {pods} containers started after {:?}",
-                started.len(),
-                written.elapsed()
-            );
-        }
-    }
-    loop {
-        let running = running_containers(&agent.http).await?;
-        if running >= pods {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "/metrics shows {running} of {pods} containers running after {:?}",
-                written.elapsed()
-            );
-        }
-        tokio::time::sleep(plan.poll).await;
-    }
-    run.start_running_s = Some(written.elapsed().as_secs_f64());
-    run.start_poll_ms = plan.poll.as_millis() as u64;
-    run.start_evlet_cpu_s = Some(agent.cpu()?.saturating_sub(evlet0).as_secs_f64());
-    run.start_containerd_cpu_s = Some(
-        process_cpu(node.containerd_pid)?
-            .saturating_sub(containerd0)
-            .as_secs_f64(),
-    );
-    let mut per_pod = Vec::with_capacity(pods);
-    for i in 0..pods {
-        let key = format!("default/{}", pod_name(i));
-        let at = started
-            .get(&key)
-            .with_context(|| format!("no `container started` line for {key} in the log"))?;
-        per_pod.push(Duration::try_from(at.duration_since(written_at)).unwrap_or_default());
-    }
-    run.start_total_s = per_pod
-        .iter()
-        .max()
-        .copied()
-        .unwrap_or_default()
-        .as_secs_f64();
-    run.start_per_pod = Summary::of(&per_pod);
-    Ok(())
-}
+/// The agent's count of its CRI calls (upstream's metric; evlet's too).
+const CRI_CALLS: &str = "kubelet_runtime_operations_total";
 
-/// The pod (`namespace/name`) of a log line that tells its app container's
-/// first start.
-fn first_start_of(v: &serde_json::Value) -> Option<String> {
-    let first_start =
-        v["message"] == "container started" && v["container"] == APP && v["restart_count"] == 0;
-    first_start.then(|| v["pod"].as_str().map(str::to_owned))?
-}
-
-/// `kubelet_running_containers{container_state="running"}` from `/metrics`.
-async fn running_containers(http: &Endpoint) -> Result<usize> {
-    let (code, body) = http.get("/metrics").await?;
-    if code != 200 {
-        bail!("GET /metrics: HTTP {code}");
-    }
-    let text = std::str::from_utf8(&body).context("/metrics is not UTF-8")?;
-    let value = text
-        .lines()
-        .find_map(|l| l.strip_prefix("kubelet_running_containers{container_state=\"running\"} "))
-        .context("/metrics has no kubelet_running_containers{container_state=\"running\"}")?;
-    let value: f64 = value.trim().parse().context("kubelet_running_containers")?;
-    Ok(value as usize)
-}
-
-/// CPU of evlet and containerd over the idle window, and evlet's RSS at its end.
+/// CPU of the agent and containerd over the idle window, the agent's CRI
+/// calls per second meanwhile (its `/metrics`, read at both ends), and its
+/// RSS at the end.
 async fn idle(agent: &Agent, node: &Node, plan: Plan, run: &mut Run) -> Result<()> {
     tokio::time::sleep(plan.settle).await;
+    let calls0 = agent.http.counter(CRI_CALLS).await?;
     let (e0, c0, t0) = (
         agent.cpu()?,
         process_cpu(node.containerd_pid)?,
@@ -293,6 +195,8 @@ async fn idle(agent: &Agent, node: &Node, plan: Plan, run: &mut Run) -> Result<(
     run.evlet_cpu_pct = pct(e0, e1);
     run.containerd_cpu_pct = pct(c0, c1);
     run.evlet_rss_mib = rss_mib(agent.pid)?;
+    let calls = agent.http.counter(CRI_CALLS).await? - calls0;
+    run.idle_cri_calls_per_s = Some(calls / window.as_secs_f64());
     Ok(())
 }
 
@@ -313,6 +217,64 @@ struct Ctx {
     plan: Plan,
 }
 
+/// `Some(evented)` for the upstream kubelet modes: `upstream` (its default
+/// PLEG) and `upstream-evented` (the `EventedPLEG` gate on).
+fn upstream_mode(mode: &str) -> Option<bool> {
+    match mode {
+        "upstream" => Some(false),
+        "upstream-evented" => Some(true),
+        _ => None,
+    }
+}
+
+/// Starts the agent of `mode`: evlet in that PLEG mode, or upstream kubelet.
+async fn start_agent(
+    ctx: &Ctx,
+    mode: &str,
+    pods: usize,
+    manifests: &Path,
+    root: PathBuf,
+    log: &Path,
+) -> Result<Agent> {
+    if let Some(evented) = upstream_mode(mode) {
+        let binary = ctx
+            .args
+            .upstream_kubelet
+            .clone()
+            .with_context(|| format!("mode {mode} needs --upstream-kubelet"))?;
+        return Agent::start_upstream(&UpstreamSpec {
+            binary,
+            evented,
+            manifests: manifests.to_owned(),
+            state: root,
+            endpoint: ctx.node.endpoint.clone(),
+            cgroup_root: ctx.node.cgroup_root.clone(),
+            address: ADDRESS.into(),
+            // The batch and the OOM pods.
+            max_pods: pods + ctx.plan.ooms,
+            log: log.to_owned(),
+        })
+        .await;
+    }
+    Agent::start(&AgentSpec {
+        binary: ctx.args.evlet.clone(),
+        mode: mode.to_owned(),
+        manifests: manifests.to_owned(),
+        root,
+        endpoint: ctx.node.endpoint.clone(),
+        cgroup_root: ctx.node.cgroup_root.clone(),
+        address: ADDRESS.into(),
+        log: log.to_owned(),
+        extra: vec![
+            "--max-parallel-pod-starts".into(),
+            ctx.args.parallel_pod_starts.to_string(),
+            "--eviction-hard".into(),
+            evlet_bench::EVICTION_HARD.into(),
+        ],
+    })
+    .await
+}
+
 /// One mode at one pod count, in round `round`: only the first round
 /// measures the idle window (and, if `measure_cri`, the CRI calls); a round
 /// not `killing` only times the batch start.
@@ -326,6 +288,7 @@ async fn one(
 ) -> Result<(Run, Option<CriCalls>)> {
     let manifests = ctx.args.work.join("manifests");
     let root = ctx.args.work.join("root");
+    evlet_testkit::upstream_kubelet::unmount_under(&root);
     for d in [&manifests, &root] {
         let _ = std::fs::remove_dir_all(d);
         std::fs::create_dir_all(d)?;
@@ -334,22 +297,6 @@ async fn one(
         0 => format!("evlet-{mode}-{pods}.log"),
         k => format!("evlet-{mode}-{pods}-round{k}.log"),
     });
-    let spec = AgentSpec {
-        binary: ctx.args.evlet.clone(),
-        mode: mode.to_owned(),
-        manifests: manifests.clone(),
-        root,
-        endpoint: ctx.node.endpoint.clone(),
-        cgroup_root: ctx.node.cgroup_root.clone(),
-        address: ADDRESS.into(),
-        log: log.clone(),
-        extra: vec![
-            "--max-parallel-pod-starts".into(),
-            ctx.args.parallel_pod_starts.to_string(),
-            "--eviction-hard".into(),
-            evlet_bench::EVICTION_HARD.into(),
-        ],
-    };
     let mut run = Run {
         mode: mode.to_owned(),
         pods,
@@ -357,10 +304,21 @@ async fn one(
         ..Run::default()
     };
     eprintln!("bench: {mode} with {pods} pods: starting");
-    let agent = Agent::start(&spec).await?;
+    let agent = start_agent(ctx, mode, pods, &manifests, root, &log).await?;
     let measured = async {
-        batch_start(
-            &agent, &manifests, &log, &ctx.node, pods, ctx.plan, &mut run,
+        let node = start::Node {
+            client: &ctx.client,
+            image: &ctx.node.image,
+            containerd_pid: ctx.node.containerd_pid,
+        };
+        start::batch_start(
+            &agent,
+            node,
+            &manifests,
+            &log,
+            pods,
+            ctx.plan.poll,
+            &mut run,
         )
         .await?;
         eprintln!(
@@ -390,10 +348,11 @@ async fn one(
         anyhow::Ok(killed)
     }
     .await;
+    let agent_kind = agent.kind;
     agent.stop().await?;
     let killed =
         measured.with_context(|| format!("{mode} with {pods} pods (log {})", log.display()))?;
-    if killing {
+    if killing && agent_kind == AgentKind::Evlet {
         kills::kill_events(&log, &killed, &mut run)?;
     }
     let cri = if measure_cri && round == 0 {
@@ -409,6 +368,11 @@ async fn main() -> Result<()> {
     let mut args = Args::parse();
     if args.quick {
         args.pods = vec![10];
+    }
+    if let Some(mode) = args.modes.iter().find(|m| upstream_mode(m).is_some())
+        && args.upstream_kubelet.is_none()
+    {
+        bail!("mode {mode} needs --upstream-kubelet (cargo xtask bench builds it)");
     }
     let plan = if args.quick {
         Plan {

@@ -36,12 +36,14 @@ fn colour(mode: &str) -> RGBColor {
     match mode {
         "ebpf" => RGBColor(0x1b, 0x9e, 0x77),
         "generic" => RGBColor(0xd9, 0x5f, 0x02),
+        "upstream" => RGBColor(0xe7, 0x29, 0x8a),
+        "upstream-evented" => RGBColor(0x66, 0xa6, 0x1e),
         _ => RGBColor(0x75, 0x70, 0xb3),
     }
 }
 
 /// The chart: kill → status distributions per mode at the largest pod count
-/// (left) and idle evlet CPU against the pod count (right).
+/// (left) and the agents' idle CPU against the pod count (right).
 ///
 /// # Errors
 /// If the font is missing or the PNG cannot be written.
@@ -108,7 +110,7 @@ pub fn chart(results: &Results, path: &Path) -> Result<()> {
         .map(|r| r.evlet_cpu_pct)
         .fold(0.1_f64, f64::max);
     let mut cpu = ChartBuilder::on(&right)
-        .caption("idle evlet CPU vs pods", ("sans-serif", 22))
+        .caption("idle agent CPU vs pods", ("sans-serif", 22))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(55)

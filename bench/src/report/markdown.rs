@@ -93,11 +93,14 @@ const METRICS: &[Metric] = &[
         "OOM: init exit (kernel) → OOMKilled published p99 (ms, timeline)",
         |r| Some(r.oom_exit_to_published.as_ref()?.p99_ms),
     ),
-    ("idle evlet CPU (% of a core)", |r| Some(r.evlet_cpu_pct)),
+    ("idle agent CPU (% of a core)", |r| Some(r.evlet_cpu_pct)),
     ("idle containerd CPU (% of a core)", |r| {
         Some(r.containerd_cpu_pct)
     }),
-    ("evlet RSS (MiB)", |r| Some(r.evlet_rss_mib)),
+    ("agent RSS (MiB)", |r| Some(r.evlet_rss_mib)),
+    ("idle agent CRI calls per second", |r| {
+        r.idle_cri_calls_per_s
+    }),
     ("start per pod p50 (ms)", |r| {
         Some(r.start_per_pod.as_ref()?.p50_ms)
     }),
@@ -111,7 +114,7 @@ const METRICS: &[Metric] = &[
 const START_METRICS: &[Metric] = &[
     ("start all pods (s)", |r| Some(r.start_total_s)),
     ("start: all running in /metrics (s)", |r| r.start_running_s),
-    ("start: evlet CPU (s)", |r| r.start_evlet_cpu_s),
+    ("start: agent CPU (s)", |r| r.start_evlet_cpu_s),
     ("start: containerd CPU (s)", |r| r.start_containerd_cpu_s),
 ];
 
@@ -351,8 +354,8 @@ mod tests {
             "start all pods (s, single run)"
         );
         assert_eq!(
-            start_label("start: evlet CPU (s)", 3),
-            "start: evlet CPU (s, median of 3)"
+            start_label("start: agent CPU (s)", 3),
+            "start: agent CPU (s, median of 3)"
         );
         assert_eq!(start_label("start", 5), "start (median of 5)");
     }

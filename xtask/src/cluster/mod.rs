@@ -485,6 +485,15 @@ fn env_lines(vars: &[(&str, String)]) -> String {
     vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
 }
 
+/// Upstream kubelet of `version`, built from its module when stale (the
+/// benchmark's control).
+///
+/// # Errors
+/// If the build fails.
+pub fn kubelet(version: Version) -> Result<PathBuf> {
+    Ok(build::build(version, &[build::by_name("kubelet")?])?.join("kubelet"))
+}
+
 /// The repository's `upstream/v1.X` Go module of `version`.
 pub fn module_dir(version: Version) -> PathBuf {
     paths::repo()
