@@ -63,6 +63,7 @@ pub async fn kills(
     let mut unloaded = Vec::new();
     let mut to_replacement = Vec::new();
     let mut to_started = Vec::new();
+    let mut to_published = Vec::new();
     for (k, i) in order.into_iter().take(count * 2).enumerate() {
         let name = pod_name(i);
         let Some((id, pid)) = app_container(agent, client, &name, run).await? else {
@@ -122,6 +123,9 @@ pub async fn kills(
         if let Some(at) = seen {
             slow_timeline(agent, &name, "kill", wall, at - sent, waited, run).await;
         }
+        if let Some(d) = published(agent, &name, wall).await {
+            to_published.push(d);
+        }
         match replacement {
             Some(at) => to_replacement.push(at - sent),
             None => run
@@ -149,7 +153,20 @@ pub async fn kills(
     run.runtime_exit_lag = Summary::of(&unloaded);
     run.kill_to_replacement = Summary::of(&to_replacement);
     run.kill_to_started = Summary::of(&to_started);
+    run.kill_to_published = Summary::of(&to_published);
     Ok(killed)
+}
+
+/// Kill (at `wall`) → the agent published the pod's status with the killed
+/// container terminated, from its timeline: the agent's own part of kill →
+/// status, without the observer's poll and its waits for a CPU. `None`
+/// where the agent keeps no timeline (upstream kubelet) or has no such entry.
+async fn published(agent: &Agent, name: &str, wall: SystemTime) -> Option<Duration> {
+    let from = wall.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_nanos();
+    let timeline = agent.http.timeline(name).await.ok()??;
+    let ns = first_entry(&timeline, "status", from, |w| w.contains("terminated"))?;
+    let took = u128::from(ns).checked_sub(from)?;
+    Some(Duration::from_nanos(u64::try_from(took).ok()?))
 }
 
 /// Kill (`sent`) → CRI reported the exit (`runtime`), when the runtime

@@ -174,6 +174,10 @@ pub struct Run {
     pub kill_to_event: Option<Summary>,
     /// SIGKILL → `/pods/<ns>/<name>` shows the container terminated.
     pub kill_to_status: Option<Summary>,
+    /// SIGKILL → the agent published that status, by its own timeline
+    /// (evlet only): kill → status without the observer's part.
+    #[serde(default)]
+    pub kill_to_published: Option<Summary>,
     /// SIGKILL → CRI `ContainerStatus` says EXITED, on every observed kill:
     /// the floor of any agent that reads the runtime. In `ebpf` the agent is
     /// already creating the replacement meanwhile, which loads the runtime.
@@ -266,6 +270,7 @@ impl Run {
             start_containerd_cpu_s: mid(|r| r.start_containerd_cpu_s),
             kill_to_event: all(|r| &r.kill_to_event),
             kill_to_status: all(|r| &r.kill_to_status),
+            kill_to_published: all(|r| &r.kill_to_published),
             kill_to_runtime: all(|r| &r.kill_to_runtime),
             runtime_exit_lag: all(|r| &r.runtime_exit_lag),
             kill_rounds: rounds.iter().map(|r| r.kill_rounds).sum(),

@@ -42,6 +42,12 @@ const METRICS: &[Metric] = &[
     ("kill → status max (ms)", |r| {
         Some(r.kill_to_status.as_ref()?.max_ms)
     }),
+    ("kill → status published p50 (ms, timeline)", |r| {
+        Some(r.kill_to_published.as_ref()?.p50_ms)
+    }),
+    ("kill → status published p99 (ms, timeline)", |r| {
+        Some(r.kill_to_published.as_ref()?.p99_ms)
+    }),
     ("kill → replacement running p50 (ms)", |r| {
         Some(r.kill_to_replacement.as_ref()?.p50_ms)
     }),
