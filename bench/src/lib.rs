@@ -249,6 +249,16 @@ pub enum AgentKind {
     Upstream,
 }
 
+impl AgentKind {
+    /// What messages call it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentKind::Evlet => "evlet",
+            AgentKind::Upstream => "upstream kubelet",
+        }
+    }
+}
+
 impl Agent {
     /// Starts evlet and waits until `/healthz` answers.
     ///
@@ -287,29 +297,57 @@ impl Agent {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", spec.binary.display()))?;
-        let pid = child.id().context("evlet exited at once")?;
-        let cpu = CpuCgroup::adopt(&format!("evlet-bench-{pid}"), pid)
-            .map_err(|e| eprintln!("bench: evlet CPU from /proc ticks only: {e:#}"))
-            .ok();
-        let agent = Self {
-            child,
-            pid,
-            http: Endpoint::new(&spec.root),
-            cpu,
-            kind: AgentKind::Evlet,
-            mounts: None,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok((200, body)) = agent.http.get("/healthz").await {
-                let text = String::from_utf8_lossy(&body);
+        let agent = Self::adopt(child, AgentKind::Evlet, Endpoint::new(&spec.root), None)?;
+        agent
+            .healthy(&spec.log, |text| {
                 if !text.contains(&format!("mode {}", spec.mode)) {
                     bail!("evlet did not start in PLEG mode {}:\n{text}", spec.mode);
                 }
-                return Ok(agent);
+                Ok(true)
+            })
+            .await
+    }
+
+    /// The agent `child` runs: its PID, its CPU in a cgroup2 of its own.
+    fn adopt(
+        child: tokio::process::Child,
+        kind: AgentKind,
+        http: Endpoint,
+        mounts: Option<PathBuf>,
+    ) -> Result<Self> {
+        let name = kind.name();
+        let pid = child
+            .id()
+            .with_context(|| format!("{name} exited at once"))?;
+        let cpu = CpuCgroup::adopt(&format!("evlet-bench-{pid}"), pid)
+            .map_err(|e| eprintln!("bench: {name} CPU from /proc ticks only: {e:#}"))
+            .ok();
+        Ok(Self {
+            child,
+            pid,
+            http,
+            cpu,
+            kind,
+            mounts,
+        })
+    }
+
+    /// Waits up to a minute for `/healthz` to answer 200 with a body `ready`
+    /// accepts (`ready` may also refuse it with an error).
+    async fn healthy(self, log: &Path, ready: impl Fn(&str) -> Result<bool>) -> Result<Self> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, body)) = self.http.get("/healthz").await
+                && ready(&String::from_utf8_lossy(&body))?
+            {
+                return Ok(self);
             }
             if Instant::now() > deadline {
-                bail!("evlet not healthy after 60 s (log {})", spec.log.display());
+                bail!(
+                    "{} not healthy after 60 s (log {})",
+                    self.kind.name(),
+                    log.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -10,13 +10,12 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use evlet_testkit::upstream_kubelet;
 use serde_json::json;
 
-use crate::{Agent, AgentKind, CpuCgroup, EVICTION_HARD, Endpoint, NODE};
+use crate::{Agent, AgentKind, EVICTION_HARD, Endpoint, NODE};
 
 /// How to start upstream kubelet.
 #[derive(Debug, Clone)]
@@ -144,33 +143,9 @@ impl Agent {
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", spec.binary.display()))?;
-        let pid = child.id().context("upstream kubelet exited at once")?;
-        let cpu = CpuCgroup::adopt(&format!("evlet-bench-{pid}"), pid)
-            .map_err(|e| eprintln!("bench: kubelet CPU from /proc ticks only: {e:#}"))
-            .ok();
-        let agent = Self {
-            child,
-            pid,
-            http: Endpoint::read_only(&spec.address),
-            cpu,
-            kind: AgentKind::Upstream,
-            mounts: Some(spec.state.clone()),
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok((200, body)) = agent.http.get("/healthz").await
-                && body.as_ref() == b"ok"
-            {
-                return Ok(agent);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "upstream kubelet not healthy after 60 s (log {})",
-                    spec.log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let http = Endpoint::read_only(&spec.address);
+        let agent = Self::adopt(child, AgentKind::Upstream, http, Some(spec.state.clone()))?;
+        agent.healthy(&spec.log, |text| Ok(text == "ok")).await
     }
 }
 

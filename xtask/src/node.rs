@@ -439,33 +439,25 @@ impl Node {
         }
     }
 
-    /// Shim processes serving this node (their command line names its socket).
     /// Every containerd running with this node's config, whatever the pid
     /// file says.
     fn daemons(&self) -> Vec<i32> {
         let config = self.config().display().to_string();
-        processes()
-            .into_iter()
-            .filter(|(_, cmdline)| {
-                cmdline.first().is_some_and(|a| a.ends_with("containerd"))
-                    && cmdline.iter().any(|a| a == &config)
-            })
-            .map(|(pid, _)| pid)
-            .collect()
+        pids_where(|cmdline| {
+            cmdline.first().is_some_and(|a| a.ends_with("containerd"))
+                && cmdline.iter().any(|a| a == &config)
+        })
     }
 
+    /// Shim processes serving this node (their command line names its socket).
     fn shims(&self) -> Vec<i32> {
         let socket = self.socket().display().to_string();
-        processes()
-            .into_iter()
-            .filter(|(_, cmdline)| {
-                cmdline.iter().any(|a| a.contains("containerd-shim"))
-                    && cmdline
-                        .iter()
-                        .any(|a| a == &socket || a.starts_with(&format!("{socket}.")))
-            })
-            .map(|(pid, _)| pid)
-            .collect()
+        pids_where(|cmdline| {
+            cmdline.iter().any(|a| a.contains("containerd-shim"))
+                && cmdline
+                    .iter()
+                    .any(|a| a == &socket || a.starts_with(&format!("{socket}.")))
+        })
     }
 
     /// Mount points under the node directory, deepest first.
@@ -580,6 +572,15 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 /// Every process and its command line.
+/// The PIDs of the processes whose command line `wanted` accepts.
+fn pids_where(wanted: impl Fn(&[String]) -> bool) -> Vec<i32> {
+    processes()
+        .into_iter()
+        .filter(|(_, cmdline)| wanted(cmdline))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
 fn processes() -> Vec<(i32, Vec<String>)> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
